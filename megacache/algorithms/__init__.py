@@ -1,0 +1,1 @@
+"""Pure algorithms on numpy arrays: no I/O, no communication."""

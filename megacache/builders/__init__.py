@@ -1,0 +1,1 @@
+"""Distributed jobs composed from comm, formats and algorithms."""

@@ -1,0 +1,172 @@
+"""The communicator: the one interface every distributed job talks through.
+
+Three backends share it: mpi4py (``mpiexec``/``srun``), torch.distributed (a ``torchrun`` job whose
+process group is already initialised; collectives run on a gloo group so CPU work never touches
+NCCL), and a single process. ``get_comm()`` picks one from the environment.
+
+Collectives carry small Python objects (counts, plans, error messages), never bulk data: bulk
+data goes to the shared filesystem, written in place by its owner.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable, Sequence
+
+from .errors import JobFailed
+
+# Environment variables that launchers set in every rank they start.
+_MPI_LAUNCHER_VARS = (
+    "PMI_RANK", "PMI_SIZE", "PMI_FD",           # MPICH hydra, srun --mpi=pmi2
+    "OMPI_COMM_WORLD_SIZE",                     # Open MPI
+    "PMIX_RANK",                                # PMIx (Open MPI 5, srun --mpi=pmix)
+    "MPI_LOCALNRANKS",                          # Intel MPI / MPICH
+)
+
+
+class Comm:
+    """rank/size plus the handful of collectives the builders need."""
+
+    rank: int = 0
+    size: int = 1
+    #: ranks sharing this node; used to size per-rank thread pools
+    local_size: int = 1
+    name: str = "single"
+
+    def barrier(self) -> None:
+        pass
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return obj
+
+    def allgather(self, obj: Any) -> list:
+        return [obj]
+
+    def abort(self, code: int = 1) -> None:
+        os._exit(code)
+
+    # Derived collectives: defined once here on top of allgather, so every backend agrees.
+    def allreduce(self, value: Any, op: Callable[[Sequence[Any]], Any] = sum) -> Any:
+        return op(self.allgather(value))
+
+    def exscan(self, value: Any) -> Any:
+        """Sum of ``value`` over ranks below this one (zero-like on rank 0)."""
+        values = self.allgather(value)
+        total = values[0] * 0
+        for v in values[: self.rank]:
+            total = total + v
+        return total
+
+    def check(self, error: BaseException | str | None, phase: str) -> None:
+        """Collective error agreement at a phase boundary.
+
+        Every rank calls this with its own error (or None). If any rank failed, every rank raises
+        the same ``JobFailed`` naming the failed ranks and the phase, so the job stops together
+        instead of leaving healthy ranks waiting at the next collective.
+        """
+        message = None if error is None else str(error)
+        errors = self.allgather(message)
+        failed = [(r, m) for r, m in enumerate(errors) if m is not None]
+        if failed:
+            raise JobFailed(phase, failed)
+
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+class SingleComm(Comm):
+    pass
+
+
+class MPIComm(Comm):
+    name = "mpi"
+
+    def __init__(self, comm: Any = None):
+        from mpi4py import MPI
+
+        self._mpi = MPI
+        self._comm = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self._comm.Get_rank()
+        self.size = self._comm.Get_size()
+        local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_size = local.Get_size()
+        local.Free()
+
+    def barrier(self) -> None:
+        self._comm.barrier()
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        return self._comm.bcast(obj, root=root)
+
+    def allgather(self, obj: Any) -> list:
+        return self._comm.allgather(obj)
+
+    def abort(self, code: int = 1) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self._comm.Abort(code)
+
+
+class TorchComm(Comm):
+    """Collectives over a torch.distributed gloo group (created if the default group is not gloo)."""
+
+    name = "torch"
+
+    def __init__(self, group: Any = None, timeout_s: float | None = None):
+        import datetime
+
+        import torch.distributed as dist
+
+        self._dist = dist
+        if group is None and dist.get_backend() != "gloo":
+            kwargs = {}
+            if timeout_s is not None:
+                kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+            group = dist.new_group(backend="gloo", **kwargs)
+        self._group = group
+        self.rank = dist.get_rank(group)
+        self.size = dist.get_world_size(group)
+        self.local_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+    def barrier(self) -> None:
+        self._dist.barrier(group=self._group)
+
+    def bcast(self, obj: Any, root: int = 0) -> Any:
+        box = [obj]
+        self._dist.broadcast_object_list(box, src=root, group=self._group)
+        return box[0]
+
+    def allgather(self, obj: Any) -> list:
+        out: list = [None] * self.size
+        self._dist.all_gather_object(out, obj, group=self._group)
+        return out
+
+
+def launched_under_mpi(environ: dict | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    return any(v in env for v in _MPI_LAUNCHER_VARS)
+
+
+def get_comm(kind: str | None = None) -> Comm:
+    """The communicator for this process.
+
+    ``kind`` (or ``$MEGACACHE_COMM``) forces one of ``mpi``, ``torch``, ``single``; otherwise an
+    initialised torch process group wins, then an MPI launcher's environment, then a single process.
+    """
+    kind = kind or os.environ.get("MEGACACHE_COMM") or None
+    if kind is None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():
+            kind = "torch"
+        elif launched_under_mpi():
+            kind = "mpi"
+        else:
+            kind = "single"
+    if kind == "mpi":
+        return MPIComm()
+    if kind == "torch":
+        return TorchComm()
+    if kind == "single":
+        return SingleComm()
+    raise ValueError(f"MEGACACHE_COMM={kind!r}: expected one of mpi, torch, single")

@@ -1,0 +1,36 @@
+"""Exceptions that reach the user. Their messages say what is wrong, where, and what to do."""
+
+from __future__ import annotations
+
+
+class MegacacheError(Exception):
+    """A problem with the user's input or configuration: printed without a traceback."""
+
+
+class InputError(MegacacheError):
+    """A bad input record, located by file and line (or row)."""
+
+    def __init__(self, path: str, where: str, reason: str):
+        self.path, self.where, self.reason = path, where, reason
+        super().__init__(f"{path}:{where}: {reason}")
+
+
+class FormatError(MegacacheError):
+    """A malformed dataset or cache file."""
+
+
+class JobFailed(MegacacheError):
+    """One or more ranks failed in a phase; every rank raises this together."""
+
+    def __init__(self, phase: str, failures: list[tuple[int, str]]):
+        self.phase, self.failures = phase, failures
+        lines = [f"{len(failures)} rank(s) failed during {phase}:"]
+        seen = set()
+        for rank, message in failures:
+            # Several ranks often report the same problem; say it once.
+            if message in seen:
+                lines.append(f"  rank {rank}: (same as above)")
+            else:
+                seen.add(message)
+                lines.append(f"  rank {rank}: {message}")
+        super().__init__("\n".join(lines))

@@ -1,0 +1,1 @@
+"""On-disk formats: Megatron's .bin/.idx, .npy files written in slices, cache names and hashes."""

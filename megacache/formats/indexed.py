@@ -1,0 +1,240 @@
+"""Megatron's IndexedDataset on disk: ``<prefix>.bin`` (tokens) and ``<prefix>.idx`` (index).
+
+``.idx`` layout (little-endian): magic ``MMIDIDX\\0\\0`` (9 bytes), version u64 = 1, dtype code u8,
+sequence count S u64, document-index length C u64 (documents + 1), then int32 lengths[S],
+int64 byte pointers[S], int64 document_indices[C]. ``.bin`` is the bare concatenation of the
+sequences. See ``shared/docs/megatron-compat.md`` §1.
+
+Writers here never build the arrays whole: ``IndexLayout`` gives every array's byte offset, so
+each rank writes its own slice in place into a preallocated file.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import FormatError
+from ..fsio import pwrite_all
+
+MAGIC = b"MMIDIDX\x00\x00"
+VERSION = 1
+HEADER_SIZE = 34  # 9 magic + 8 version + 1 dtype + 8 S + 8 C
+
+#: Megatron's DType enum: code -> numpy dtype
+CODE_TO_DTYPE = {
+    1: np.dtype(np.uint8),
+    2: np.dtype(np.int8),
+    3: np.dtype(np.int16),
+    4: np.dtype(np.int32),
+    5: np.dtype(np.int64),
+    6: np.dtype(np.float64),
+    7: np.dtype(np.float32),
+    8: np.dtype(np.uint16),
+}
+DTYPE_TO_CODE = {v: k for k, v in CODE_TO_DTYPE.items()}
+
+#: Megatron's vocabulary threshold for uint16 tokens (not 65536: see megatron-compat.md §1.3)
+UINT16_VOCAB_LIMIT = 65500
+
+
+def optimal_dtype(vocab_size: int | None) -> np.dtype:
+    """Megatron's ``DType.optimal_dtype``: uint16 below a vocabulary of 65500, else int32."""
+    if vocab_size is not None and vocab_size < UINT16_VOCAB_LIMIT:
+        return np.dtype(np.uint16)
+    return np.dtype(np.int32)
+
+
+def idx_path(prefix: str) -> str:
+    return prefix + ".idx"
+
+
+def bin_path(prefix: str) -> str:
+    return prefix + ".bin"
+
+
+@dataclass(frozen=True)
+class IndexLayout:
+    """Sizes and byte offsets of one ``.idx`` file."""
+
+    dtype: np.dtype
+    sequence_count: int  # S
+    document_count: int  # C = documents + 1
+
+    @property
+    def lengths_offset(self) -> int:
+        return HEADER_SIZE
+
+    @property
+    def pointers_offset(self) -> int:
+        return HEADER_SIZE + 4 * self.sequence_count
+
+    @property
+    def documents_offset(self) -> int:
+        return HEADER_SIZE + 12 * self.sequence_count
+
+    @property
+    def idx_size(self) -> int:
+        return HEADER_SIZE + 12 * self.sequence_count + 8 * self.document_count
+
+    def header_bytes(self) -> bytes:
+        return (
+            MAGIC
+            + struct.pack("<Q", VERSION)
+            + struct.pack("<B", DTYPE_TO_CODE[np.dtype(self.dtype)])
+            + struct.pack("<Q", self.sequence_count)
+            + struct.pack("<Q", self.document_count)
+        )
+
+
+def read_layout(path: str) -> IndexLayout:
+    """Read and check an ``.idx`` header; errors name the file and the field."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_SIZE)
+            size = os.fstat(f.fileno()).st_size
+    except FileNotFoundError:
+        raise FormatError(f"{path}: index file not found") from None
+    if len(head) < HEADER_SIZE:
+        raise FormatError(f"{path}: truncated header ({len(head)} of {HEADER_SIZE} bytes)")
+    if head[:9] != MAGIC:
+        raise FormatError(f"{path}: bad magic {head[:9]!r}, expected {MAGIC!r}: not a Megatron .idx file")
+    (version,) = struct.unpack("<Q", head[9:17])
+    if version != VERSION:
+        raise FormatError(f"{path}: unsupported version {version}, expected {VERSION}")
+    code = head[17]
+    if code not in CODE_TO_DTYPE:
+        raise FormatError(f"{path}: unknown dtype code {code}, expected one of {sorted(CODE_TO_DTYPE)}")
+    s, c = struct.unpack("<QQ", head[18:34])
+    layout = IndexLayout(CODE_TO_DTYPE[code], s, c)
+    if c < 1:
+        raise FormatError(f"{path}: document count is 0; it must be at least 1 (the leading 0)")
+    if size < layout.idx_size:
+        raise FormatError(
+            f"{path}: truncated: {size} bytes, but S={s} sequences and C={c} document "
+            f"entries need {layout.idx_size}"
+        )
+    return layout
+
+
+class IndexedDataset:
+    """Read-only view of a ``.bin/.idx`` pair through memory maps (nothing is loaded eagerly)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.layout = read_layout(idx_path(prefix))
+        lay = self.layout
+        idx = np.memmap(idx_path(prefix), mode="r", dtype=np.uint8)
+        self.sequence_lengths = idx[lay.lengths_offset : lay.pointers_offset].view(np.int32)
+        self.sequence_pointers = idx[lay.pointers_offset : lay.documents_offset].view(np.int64)
+        self.document_indices = idx[lay.documents_offset : lay.idx_size].view(np.int64)
+        binp = bin_path(prefix)
+        if not os.path.exists(binp):
+            raise FormatError(f"{binp}: token file not found (its index {idx_path(prefix)} exists)")
+        self.bin_size = os.path.getsize(binp)
+        # numpy cannot map an empty file; a dataset of only empty documents has one.
+        self._bin = (
+            np.memmap(binp, mode="r", dtype=lay.dtype) if self.bin_size else np.zeros(0, lay.dtype)
+        )
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.layout.dtype
+
+    def __len__(self) -> int:
+        return self.layout.sequence_count
+
+    @property
+    def num_documents(self) -> int:
+        return self.layout.document_count - 1
+
+    def get(self, i: int, offset: int = 0, length: int | None = None) -> np.ndarray:
+        """Tokens of sequence ``i`` from element ``offset``, ``length`` of them (to its end if None)."""
+        start = int(self.sequence_pointers[i]) // self.dtype.itemsize + offset
+        if length is None:
+            length = int(self.sequence_lengths[i]) - offset
+        return self._bin[start : start + length]
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.get(i)
+
+    def document(self, d: int) -> np.ndarray:
+        """All tokens of document ``d`` (its sequences are contiguous in ``.bin``)."""
+        s0, s1 = int(self.document_indices[d]), int(self.document_indices[d + 1])
+        if s0 == s1:
+            return self._bin[:0]
+        start = int(self.sequence_pointers[s0]) // self.dtype.itemsize
+        stop = int(self.sequence_pointers[s1 - 1]) // self.dtype.itemsize + int(self.sequence_lengths[s1 - 1])
+        return self._bin[start:stop]
+
+
+class IndexWriter:
+    """An ``.idx`` (and its ``.bin``) preallocated at full size; ranks fill slices in place.
+
+    One rank calls ``create``; after a barrier every rank calls ``open`` and writes its slices.
+    """
+
+    def __init__(self, idx_file: str, bin_file: str, layout: IndexLayout, fds: tuple[int, int]):
+        self.idx_file, self.bin_file, self.layout = idx_file, bin_file, layout
+        self.idx_fd, self.bin_fd = fds
+
+    @classmethod
+    def create(cls, idx_file: str, bin_file: str, layout: IndexLayout, bin_size: int) -> None:
+        with open(idx_file, "wb") as f:
+            f.write(layout.header_bytes())
+            f.truncate(layout.idx_size)
+        with open(bin_file, "wb") as f:
+            f.truncate(bin_size)
+
+    @classmethod
+    def open(cls, idx_file: str, bin_file: str, layout: IndexLayout) -> "IndexWriter":
+        return cls(idx_file, bin_file, layout, (os.open(idx_file, os.O_WRONLY), os.open(bin_file, os.O_WRONLY)))
+
+    def write_sequences(self, first: int, lengths: np.ndarray, first_byte: int) -> None:
+        """Lengths of sequences ``first…`` and their pointers, starting at ``.bin`` byte ``first_byte``."""
+        lengths = np.asarray(lengths, dtype=np.int32)
+        pointers = np.empty(len(lengths), dtype=np.int64)
+        if len(lengths):
+            pointers[0] = first_byte
+            np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
+            pointers[1:] *= self.layout.dtype.itemsize
+            pointers[1:] += first_byte
+        pwrite_all(self.idx_fd, lengths, self.layout.lengths_offset + 4 * first)
+        pwrite_all(self.idx_fd, pointers, self.layout.pointers_offset + 8 * first)
+
+    def write_documents(self, first: int, document_indices: np.ndarray) -> None:
+        """Entries ``first…`` of document_indices (entry 0 is the leading 0)."""
+        arr = np.asarray(document_indices, dtype=np.int64)
+        pwrite_all(self.idx_fd, arr, self.layout.documents_offset + 8 * first)
+
+    def write_tokens(self, byte_offset: int, tokens: np.ndarray) -> None:
+        pwrite_all(self.bin_fd, np.asarray(tokens, dtype=self.layout.dtype), byte_offset)
+
+    def close(self) -> None:
+        for fd in (self.idx_fd, self.bin_fd):
+            os.close(fd)
+
+    def __enter__(self) -> "IndexWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_dataset(prefix: str, documents: list[np.ndarray], dtype: np.dtype) -> None:
+    """Write a small dataset in one go (one sequence per non-empty document, as Megatron's
+    preprocess_data.py does). For tests and tools; the builders write in slices."""
+    dtype = np.dtype(dtype)
+    lengths = np.array([len(d) for d in documents if len(d)], dtype=np.int32)
+    doc_idx = np.zeros(len(documents) + 1, dtype=np.int64)
+    doc_idx[1:] = np.cumsum([1 if len(d) else 0 for d in documents])
+    layout = IndexLayout(dtype, len(lengths), len(doc_idx))
+    tokens = np.concatenate([np.asarray(d, dtype=dtype) for d in documents]) if documents else np.zeros(0, dtype)
+    IndexWriter.create(idx_path(prefix), bin_path(prefix), layout, tokens.nbytes)
+    with IndexWriter.open(idx_path(prefix), bin_path(prefix), layout) as w:
+        w.write_sequences(0, lengths, 0)
+        w.write_documents(0, doc_idx)
+        w.write_tokens(0, tokens)

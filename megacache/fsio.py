@@ -1,0 +1,92 @@
+"""Filesystem primitives: positional writes, fsync, and atomic publish by rename.
+
+Every output megacache produces is written under a temporary name, flushed, fsynced and then
+renamed into place, so a reader (megacache or megatron-core) sees either nothing or the whole file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+TMP_MARK = ".megacache-tmp"
+
+
+def tmp_path(path: str, tag: str) -> str:
+    """A temporary sibling of ``path`` that no reader will mistake for the real file."""
+    d, base = os.path.split(path)
+    return os.path.join(d, f".{base}{TMP_MARK}-{tag}")
+
+
+def pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """Write all of ``data`` (bytes or a C-contiguous array) at ``offset``; pwrite may be short."""
+    view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, count: int) -> None:
+    """Copy bytes between files inside the kernel (no user-space buffer of the data)."""
+    while count > 0:
+        try:
+            n = os.copy_file_range(src_fd, dst_fd, count, src_offset, dst_offset)
+        except OSError:
+            n = 0
+        if n == 0:
+            # Filesystems without copy_file_range, or an unexpected short copy: fall back to
+            # bounded user-space chunks.
+            n = min(count, 64 << 20)
+            chunk = os.pread(src_fd, n, src_offset)
+            if not chunk:
+                raise OSError(f"unexpected end of file copying {count} bytes at offset {src_offset}")
+            n = len(chunk)
+            pwrite_all(dst_fd, chunk, dst_offset)
+        src_offset += n
+        dst_offset += n
+        count -= n
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    fsync_path(os.path.dirname(os.path.abspath(path)) or ".")
+
+
+def publish(tmp: str, final: str) -> None:
+    """fsync ``tmp`` and rename it over ``final`` atomically, then make the rename durable."""
+    fsync_path(tmp)
+    os.replace(tmp, final)
+    fsync_dir(final)
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    tmp = tmp_path(path, str(os.getpid()))
+    with open(tmp, "wb") as f:
+        f.write(data)
+    publish(tmp, path)
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+def read_json(path: str) -> Any:
+    with open(path, "rb") as f:
+        return json.loads(f.read())
+
+
+def remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -1,0 +1,22 @@
+import os
+import sys
+
+import pytest
+
+# megatron-core warns loudly about optional CUDA extras on import; silence it for the oracle.
+os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+
+@pytest.fixture(scope="session")
+def megatron():
+    """The oracle: megatron-core 0.16.1's datasets package (imported once; it is slow to import)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from megatron.core.datasets import indexed_dataset
+
+    import megatron.core
+
+    assert megatron.core.__version__ == "0.16.1", megatron.core.__version__
+    return indexed_dataset
