@@ -71,6 +71,25 @@ class Comm:
         if failed:
             raise JobFailed(phase, failed)
 
+    def on_root(self, fn: Callable[[], Any], phase: str) -> Any:
+        """Run ``fn`` on rank 0 only and broadcast its result (or its error) to every rank.
+
+        For metadata work (globbing, listing, reading a manifest) that would be a storm on a shared
+        filesystem if every rank did it.
+        """
+        result = error = None
+        if self.rank == 0:
+            try:
+                result = fn()
+            except Exception as exc:  # re-raised on every rank below
+                error = exc
+        ok, payload = self.bcast((error is None, result if error is None else str(error)))
+        if not ok:
+            if error is not None:
+                raise error
+            raise JobFailed(phase, [(0, payload)])
+        return payload
+
     def is_root(self) -> bool:
         return self.rank == 0
 

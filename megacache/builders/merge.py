@@ -1,0 +1,115 @@
+"""``megacache merge``: concatenate datasets, in the order given, into one.
+
+The result equals Megatron's ``IndexedDatasetBuilder.add_index`` over the same prefixes (documents
+appended, boundaries shifted, pointers recomputed), but written in parallel: each input is cut into
+chunks of whole documents, chunks are parts for ``assemble``, and each rank copies its chunks'
+tokens straight from the input ``.bin`` into place.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..comm import Comm, get_comm
+from ..errors import MegacacheError
+from ..formats.indexed import IndexedDataset, bin_path
+from .assemble import Part, PartCounts, assemble, contiguous_shares, discard
+
+DEFAULT_CHUNK_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Chunk:
+    source: int     # index into the input prefixes
+    doc_start: int
+    doc_stop: int
+
+
+@dataclass
+class MergeResult:
+    output: str
+    documents: int
+    sequences: int
+    tokens: int
+    inputs: int
+    seconds: float
+    ranks: int
+
+
+def _open_checked(prefix: str) -> IndexedDataset:
+    ds = IndexedDataset(prefix)
+    lay = ds.layout
+    if lay.sequence_count:
+        end = int(ds.sequence_pointers[-1]) + int(ds.sequence_lengths[-1]) * lay.dtype.itemsize
+    else:
+        end = 0
+    if ds.bin_size < end:
+        raise MegacacheError(f"{bin_path(prefix)}: {ds.bin_size} bytes, but its index needs {end}; "
+                             f"the file is truncated")
+    return ds
+
+
+def _plan(prefixes: list[str], chunk_bytes: int) -> tuple[np.dtype, list[Chunk], list[PartCounts]]:
+    if not prefixes:
+        raise MegacacheError("merge: give at least one input prefix")
+    if len(set(prefixes)) != len(prefixes):
+        dup = sorted({p for p in prefixes if prefixes.count(p) > 1})
+        raise MegacacheError(f"merge: input prefix given more than once: {', '.join(dup)}")
+    chunks: list[Chunk] = []
+    counts: list[PartCounts] = []
+    dtype = None
+    for j, prefix in enumerate(prefixes):
+        ds = _open_checked(prefix)
+        if dtype is None:
+            dtype = ds.dtype
+        elif ds.dtype != dtype:
+            raise MegacacheError(f"merge: {prefix} holds {ds.dtype.name} tokens but {prefixes[0]} holds "
+                                 f"{dtype.name}; datasets of different token dtypes cannot be merged")
+        docs = ds.num_documents
+        pieces = max(1, math.ceil(ds.bin_size / chunk_bytes))
+        bounds = np.unique(np.linspace(0, docs, pieces + 1).astype(np.int64))
+        if len(bounds) == 1:  # a dataset with no documents still contributes nothing, as a part
+            bounds = np.array([0, 0])
+        di, lengths = ds.document_indices, ds.sequence_lengths
+        for d0, d1 in zip(bounds[:-1], bounds[1:]):
+            s0, s1 = int(di[d0]), int(di[d1])
+            tokens = int(lengths[s0:s1].sum(dtype=np.int64))
+            chunks.append(Chunk(j, int(d0), int(d1)))
+            counts.append(PartCounts(int(d1 - d0), s1 - s0, tokens))
+    return dtype, chunks, counts
+
+
+def merge(prefixes: list[str], output_prefix: str, comm: Comm | None = None,
+          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> MergeResult:
+    comm = comm or get_comm()
+    t0 = time.monotonic()
+    if output_prefix in prefixes:
+        raise MegacacheError(f"merge: the output prefix {output_prefix} is also an input")
+    dtype, chunks, counts = comm.on_root(lambda: _plan(prefixes, chunk_bytes), "planning the merge")
+    owner = contiguous_shares([c.tokens for c in counts], comm.size)
+    mine = [i for i in range(len(chunks)) if owner[i] == comm.rank]
+    opened: dict[int, IndexedDataset] = {}
+
+    def load(i: int) -> Part:
+        c = chunks[i]
+        ds = opened.setdefault(c.source, IndexedDataset(prefixes[c.source]))
+        di = ds.document_indices
+        s0, s1 = int(di[c.doc_start]), int(di[c.doc_stop])
+        return Part(sequence_lengths=np.asarray(ds.sequence_lengths[s0:s1]),
+                    document_ends=np.asarray(di[c.doc_start + 1 : c.doc_stop + 1]) - s0,
+                    token_file=bin_path(prefixes[c.source]),
+                    token_offset=int(ds.sequence_pointers[s0]) if s1 > s0 else 0)
+
+    tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
+    try:
+        layout = assemble(comm, output_prefix, dtype, counts, mine, load, tag)
+    finally:
+        discard(output_prefix, tag)
+    return MergeResult(output=output_prefix, documents=layout.document_count - 1,
+                       sequences=layout.sequence_count, tokens=sum(c.tokens for c in counts),
+                       inputs=len(prefixes), seconds=time.monotonic() - t0, ranks=comm.size)

@@ -1,0 +1,132 @@
+"""``megacache`` command line. Every subcommand runs the same under ``mpiexec -n P``, ``srun`` or
+plainly; rank 0 prints. Exit codes: 0 success, 2 bad input or configuration (the message says
+what and where), 1 an unexpected failure."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import traceback
+
+from .comm import Comm, get_comm
+from .errors import MegacacheError
+
+_SIZE_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_size(text: str) -> int:
+    """``65536``, ``64M``, ``1G`` (binary multiples)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 65536, 64M or 1G")
+    return int(m.group(1)) * _SIZE_SUFFIX[m.group(2).upper()]
+
+
+def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer", metavar="SPEC",
+                   help="'byte' (embedded, default), a tokenizer.json or a directory holding one, a BERT "
+                        "vocab.txt, or a directory with GPT-2 vocab.json + merges.txt")
+    g.add_argument("--tokenizer-type", help="Megatron's --tokenizer-type (HuggingFaceTokenizer, "
+                                            "GPT2BPETokenizer, BertWordPieceLowerCase, BertWordPieceCase)")
+    g.add_argument("--tokenizer-model", help="Megatron's --tokenizer-model (HuggingFace file or directory)")
+    g.add_argument("--vocab-file", help="Megatron's --vocab-file")
+    g.add_argument("--merge-file", help="Megatron's --merge-file")
+    g.add_argument("--eod-id", type=int, help="end-of-document id, overriding the tokenizer's own")
+
+
+def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> None:
+    from .builders.tokenize import TokenizeConfig, summary, tokenize
+
+    cfg = TokenizeConfig(
+        inputs=args.input, output_prefix=args.output_prefix, json_keys=args.json_keys,
+        append_eod=args.append_eod, tokenizer=args.tokenizer, tokenizer_type=args.tokenizer_type,
+        tokenizer_model=args.tokenizer_model, vocab_file=args.vocab_file, merge_file=args.merge_file,
+        eod_id=args.eod_id, skip_bad=args.skip_bad, unit_bytes=args.unit_bytes, threads=args.threads,
+        progress_interval_s=args.log_interval,
+    )
+    result = tokenize(cfg, comm)
+    if comm.rank == 0:
+        print(summary(result), flush=True)
+
+
+def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
+    from .builders.merge import merge
+
+    r = merge(args.prefixes, args.output_prefix, comm, chunk_bytes=args.chunk_bytes)
+    if comm.rank == 0:
+        print(f"megacache merge: {r.inputs} dataset(s) -> {r.output}.bin/.idx: {r.documents:,} documents, "
+              f"{r.sequences:,} sequences, {r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)",
+              flush=True)
+
+
+def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
+    from .sample import write_sample_corpus
+
+    if comm.rank == 0:
+        paths = write_sample_corpus(args.output_dir, files=args.files, documents_per_file=args.documents,
+                                    seed=args.seed)
+        print(f"megacache sample-corpus: wrote {len(paths)} file(s) to {args.output_dir}", flush=True)
+    comm.barrier()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="megacache", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("tokenize", help="tokenize text into Megatron .bin/.idx datasets")
+    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
+                   help="files, directories or globs: .jsonl/.json, .txt, .parquet; .gz/.zst for the line formats")
+    p.add_argument("--output-prefix", required=True, help="writes {PREFIX}_{key}_document.bin/.idx")
+    p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
+                   help="one output dataset per key (default: text)")
+    p.add_argument("--append-eod", action="store_true", help="append the EOD token to every non-empty document")
+    _add_tokenizer_args(p)
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip bad records (reported in the summary) instead of stopping at the first")
+    p.add_argument("--unit-bytes", type=byte_size, default="64M",
+                   help="size of a work unit of plain input (default 64M); units are resumable")
+    p.add_argument("--threads", type=int, help="tokenizer threads per rank (default: cores / ranks per node)")
+    p.add_argument("--log-interval", type=float, metavar="SECONDS",
+                   help="progress interval (default: 0.5 on a terminal, 30 otherwise; 0 disables)")
+    p.set_defaults(func=_cmd_tokenize)
+
+    p = sub.add_parser("merge", help="concatenate datasets in the order given")
+    p.add_argument("prefixes", nargs="+", metavar="PREFIX")
+    p.add_argument("--output-prefix", required=True)
+    p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
+    p.set_defaults(func=_cmd_merge)
+
+    p = sub.add_parser("sample-corpus", help="write the bundled synthetic sample corpus (jsonl)")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--files", type=int, default=4)
+    p.add_argument("--documents", type=int, default=2000, help="documents per file")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_sample_corpus)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    comm = get_comm()
+    try:
+        args.func(args, comm)
+    except MegacacheError as exc:
+        # Raised on every rank alike (errors are agreed collectively), so rank 0 speaks for all.
+        if comm.rank == 0:
+            print(f"megacache {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except BaseException:
+        # Unexpected and possibly on this rank alone: report it and take the whole job down rather
+        # than leave the other ranks waiting in a collective.
+        print(f"megacache {args.command}: rank {comm.rank} failed:\n{traceback.format_exc()}",
+              file=sys.stderr, flush=True)
+        if comm.size > 1:
+            comm.abort(1)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

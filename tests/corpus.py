@@ -1,0 +1,102 @@
+"""Test corpora and reference outputs shared by the tokenize tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from megacache.sample import sample_documents
+
+EDGE_DOCUMENTS = ["", " ", "a", "ünïcödé 東京 🙂", "tab\tseparated", "  leading and trailing  ", ""]
+
+
+def documents(n: int = 400, seed: int = 3, newlines: bool = False) -> list[str]:
+    docs = sample_documents(n, seed=seed)
+    docs[5:5] = EDGE_DOCUMENTS
+    if not newlines:
+        docs = [d.replace("\n", " ") for d in docs]
+    return docs
+
+
+def write_jsonl(path: str, docs: list[str], key: str = "text", opener=open) -> None:
+    with opener(path, "wt", encoding="utf-8") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({"id": i, key: d}, ensure_ascii=False) + "\n")
+
+
+def write_input(path: str, docs: list[str]) -> None:
+    """Write ``docs`` in the format named by ``path``'s suffix."""
+    if path.endswith(".jsonl"):
+        write_jsonl(path, docs)
+    elif path.endswith(".jsonl.gz"):
+        write_jsonl(path, docs, opener=gzip.open)
+    elif path.endswith(".jsonl.zst"):
+        import zstandard
+
+        data = "".join(json.dumps({"text": d}, ensure_ascii=False) + "\n" for d in docs).encode()
+        with open(path, "wb") as f:
+            f.write(zstandard.ZstdCompressor().compress(data))
+    elif path.endswith(".txt"):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(d + "\n" for d in docs))
+    elif path.endswith(".parquet"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table({"id": list(range(len(docs))), "text": docs}), path, row_group_size=97)
+    else:
+        raise ValueError(path)
+
+
+def train_bpe(path: str, vocab_size: int = 2000) -> str:
+    """A real byte-level BPE tokenizer trained here on generated text, saved as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(sample_documents(3000, seed=99), trainer)
+    tok.save(path)
+    return path
+
+
+def megatron_reference(megatron, prefix: str, docs: list[str], encode, eod: int | None, dtype) -> None:
+    """What megatron-core's IndexedDatasetBuilder writes for these documents, one add_document per
+    document, as preprocess_data.py feeds it (EOD after non-empty documents when asked)."""
+    builder = megatron.IndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
+    for ids in encode(docs):
+        ids = list(ids)
+        if ids and eod is not None:
+            ids.append(eod)
+        builder.add_document(ids, [len(ids)] if ids else [])
+    builder.finalize(prefix + ".idx")
+
+
+def file_bytes(prefix: str) -> tuple[bytes, bytes]:
+    with open(prefix + ".bin", "rb") as b, open(prefix + ".idx", "rb") as i:
+        return b.read(), i.read()
+
+
+def megacache_cmd(ranks: int, *args: str) -> list[str]:
+    base = [sys.executable, "-m", "megacache", *args]
+    return base if ranks == 1 else ["mpiexec", "-n", str(ranks), *base]
+
+
+def run_megacache(ranks: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(megacache_cmd(ranks, *args), capture_output=True, text=True, env=env, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"megacache {' '.join(args)} on {ranks} rank(s) exited {proc.returncode}:\n"
+                             f"{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def array_of(ids) -> np.ndarray:
+    return np.asarray(ids, dtype=np.int64)

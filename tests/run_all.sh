@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install megacache with its test dependencies and run the whole suite: the MPI tests under
+# 2 and 3 ranks, then the serial tests (which also launch real mpiexec jobs of 1-4 ranks).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+# torch first, pinned: a looser requirement with no torch installed pulls GBs of CUDA wheels.
+python -m pip install -q --disable-pip-version-check torch==2.13.0
+python -m pip install -q --disable-pip-version-check -e '.[test]'
+export PYTHONWARNINGS=ignore
+for n in 2 3; do
+  echo "=== MPI tests on $n ranks"
+  mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi tests
+done
+echo "=== serial tests"
+python -m pytest -q -p no:cacheprovider -m "not slow" tests "$@"

@@ -1,0 +1,59 @@
+"""megacache merge equals megatron-core's IndexedDatasetBuilder.add_index over the same prefixes."""
+
+import numpy as np
+import pytest
+
+from corpus import file_bytes, run_megacache
+from megacache.builders.merge import merge
+from megacache.errors import MegacacheError
+from megacache.formats.indexed import write_dataset
+
+
+def make_inputs(tmp_path, dtype=np.uint16, seed=0):
+    rng = np.random.default_rng(seed)
+    prefixes = []
+    for j, n in enumerate([0, 1, 37, 5, 200]):  # includes a dataset with no documents
+        docs = [rng.integers(0, 5000, rng.integers(0, 30)) for _ in range(n)]
+        prefix = str(tmp_path / f"in_{j}")
+        write_dataset(prefix, docs, dtype)
+        prefixes.append(prefix)
+    return prefixes
+
+
+def megatron_merge(megatron, prefixes, out, dtype):
+    builder = megatron.IndexedDatasetBuilder(out + ".bin", dtype=dtype)
+    for p in prefixes:
+        builder.add_index(p)
+    builder.finalize(out + ".idx")
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 64, 1 << 30])
+def test_merge_equals_megatron_add_index(tmp_path, megatron, chunk_bytes):
+    prefixes = make_inputs(tmp_path)
+    order = prefixes[::-1]  # the order given, not sorted
+    merge(order, str(tmp_path / "ours"), chunk_bytes=chunk_bytes)
+    megatron_merge(megatron, order, str(tmp_path / "theirs"), np.uint16)
+    assert file_bytes(str(tmp_path / "ours")) == file_bytes(str(tmp_path / "theirs"))
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_merge_under_mpi(tmp_path, megatron, ranks):
+    prefixes = make_inputs(tmp_path, np.int32, seed=ranks)
+    run_megacache(ranks, "merge", *prefixes, "--output-prefix", str(tmp_path / "ours"), "--chunk-bytes", "100")
+    megatron_merge(megatron, prefixes, str(tmp_path / "theirs"), np.int32)
+    assert file_bytes(str(tmp_path / "ours")) == file_bytes(str(tmp_path / "theirs"))
+
+
+def test_merge_refuses_mixed_dtypes(tmp_path):
+    write_dataset(str(tmp_path / "a"), [np.arange(3)], np.uint16)
+    write_dataset(str(tmp_path / "b"), [np.arange(3)], np.int32)
+    with pytest.raises(MegacacheError, match="different token dtypes"):
+        merge([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "o"))
+
+
+def test_merge_refuses_truncated_bin(tmp_path):
+    write_dataset(str(tmp_path / "a"), [np.arange(30)], np.uint16)
+    with open(tmp_path / "a.bin", "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(MegacacheError, match="truncated"):
+        merge([str(tmp_path / "a")], str(tmp_path / "o"))
