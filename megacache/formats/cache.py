@@ -1,0 +1,89 @@
+"""Megatron's dataset cache: unique descriptions, their md5, and the file names derived from them.
+
+megatron-core 0.16.1 keys every cached index by the md5 of a JSON description
+(``json.dumps(…, indent=4)``) of the dataset's identity, and names the files
+``<md5>-<Class>-<split>-<what>``. Reproducing the description byte for byte is what lets Megatron
+find a cache megacache built. See megatron-compat.md §3.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+GPT_FILES = ("description.txt", "document_index.npy", "sample_index.npy", "shuffle_index.npy")
+BLEND_FILES = ("description.txt", "dataset_index.npy", "dataset_sample_index.npy")
+SPLIT_NAMES = ("train", "valid", "test")
+
+
+def default_cache_dir(dataset_path: str) -> str:
+    """Where GPTDataset caches when no ``--data-cache-path`` is given: the prefix used as a directory."""
+    return os.path.join(dataset_path, "cache", "GPTDataset_indices")
+
+
+def gpt_identifiers(dataset_path: str, num_samples: int | None, split_name: str, random_seed: int,
+                    sequence_length: int, split: str, split_matrix: list, tokenizer: dict) -> dict:
+    """GPTDataset's ``unique_identifiers``, keys in Megatron's order."""
+    return {
+        "class": "GPTDataset", "dataset_path": dataset_path, "num_samples": num_samples,
+        "index_split": split_name, "random_seed": random_seed, "sequence_length": sequence_length,
+        "split": split, "split_matrix": split_matrix, "tokenizer": tokenizer,
+    }
+
+
+def blend_identifiers(datasets: list[dict], split_name: str, weights: list, size: int | None) -> dict:
+    """BlendedDataset's ``unique_identifiers``."""
+    return {"class": "BlendedDataset", "datasets": datasets, "split": split_name, "weights": weights,
+            "size": size}
+
+
+def describe(identifiers: dict) -> str:
+    return json.dumps(identifiers, indent=4)
+
+
+def description_hash(description: str) -> str:
+    return hashlib.md5(description.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One dataset split's cache files: ``directory/<md5>-<Class>-<split>-<what>``."""
+
+    directory: str
+    identifiers: dict[str, Any]
+
+    @property
+    def description(self) -> str:
+        return describe(self.identifiers)
+
+    @property
+    def hash(self) -> str:
+        return description_hash(self.description)
+
+    @property
+    def class_name(self) -> str:
+        return self.identifiers["class"]
+
+    @property
+    def split_name(self) -> str:
+        ids = self.identifiers
+        return ids["index_split"] if "index_split" in ids else ids["split"]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return GPT_FILES if self.class_name == "GPTDataset" else BLEND_FILES
+
+    def path(self, what: str) -> str:
+        if what not in self.names:
+            raise ValueError(f"{self.class_name} caches have no {what!r} file")
+        return os.path.join(self.directory, f"{self.hash}-{self.class_name}-{self.split_name}-{what}")
+
+    def paths(self) -> dict[str, str]:
+        return {what: self.path(what) for what in self.names}
+
+    def exists(self) -> bool:
+        """Megatron's cache-hit rule: every file is present."""
+        return all(os.path.isfile(p) for p in self.paths().values())

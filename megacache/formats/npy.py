@@ -1,0 +1,74 @@
+"""``.npy`` files that several ranks fill in place, byte-identical to ``numpy.save``.
+
+Megatron writes its cache arrays with ``numpy.save`` (format 1.0, C order). Here the header is
+written once and the file preallocated, so every rank can write its rows at a computed offset and
+no rank ever holds the whole array.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+
+from ..errors import FormatError
+from ..fsio import pwrite_all
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The exact header ``numpy.save`` writes for a C-ordered array of this dtype and shape."""
+    buf = io.BytesIO()
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
+              "shape": tuple(int(s) for s in shape)}
+    try:
+        np.lib.format.write_array_header_1_0(buf, header)
+    except ValueError:  # header too long for format 1.0, as numpy.save would fall back to 2.0
+        buf = io.BytesIO()
+        np.lib.format.write_array_header_2_0(buf, header)
+    return buf.getvalue()
+
+
+class NpyWriter:
+    """A preallocated ``.npy`` file; ``write_rows`` places rows ``first…`` at their offset."""
+
+    def __init__(self, path: str, dtype: np.dtype, shape: tuple[int, ...]):
+        self.path, self.dtype, self.shape = path, np.dtype(dtype), tuple(shape)
+        self.header_size = len(npy_header(self.dtype, self.shape))
+        self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        self.fd = os.open(path, os.O_WRONLY)
+
+    @staticmethod
+    def create(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+        header = npy_header(dtype, shape)
+        with open(path, "wb") as f:
+            f.write(header)
+            f.truncate(len(header) + np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
+
+    def write_rows(self, first: int, rows: np.ndarray) -> None:
+        rows = np.asarray(rows)
+        if rows.dtype != self.dtype or rows.shape[1:] != self.shape[1:]:
+            raise ValueError(f"{self.path}: rows of {rows.dtype}{rows.shape} do not fit {self.dtype}{self.shape}")
+        if first < 0 or first + len(rows) > self.shape[0]:
+            raise ValueError(f"{self.path}: rows {first}..{first + len(rows)} outside {self.shape[0]}")
+        pwrite_all(self.fd, rows, self.header_size + first * self.row_bytes)
+
+    def fsync(self) -> None:
+        os.fsync(self.fd)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> "NpyWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load_npy(path: str, mmap: bool = True) -> np.ndarray:
+    """Open a cache array without ever unpickling (``allow_pickle=False``)."""
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError) as exc:
+        raise FormatError(f"{path}: not a readable .npy array ({exc})") from None

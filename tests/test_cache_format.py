@@ -1,0 +1,32 @@
+import numpy as np
+import pytest
+
+from megacache.formats.cache import CacheEntry, gpt_identifiers
+from megacache.formats.npy import NpyWriter, load_npy
+
+
+@pytest.mark.parametrize("dtype, shape", [(np.int32, (7, 2)), (np.int64, (0, 2)), (np.uint32, (13,)),
+                                          (np.int16, (100000,)), (np.int64, (3,))])
+def test_npy_written_in_slices_equals_numpy_save(tmp_path, dtype, shape):
+    rng = np.random.default_rng(0)
+    arr = rng.integers(0, 1000, shape).astype(dtype)
+    np.save(tmp_path / "ref.npy", arr, allow_pickle=True)
+    NpyWriter.create(str(tmp_path / "ours.npy"), dtype, shape)
+    with NpyWriter(str(tmp_path / "ours.npy"), dtype, shape) as w:
+        cuts = sorted(set([0, len(arr)] + rng.integers(0, len(arr) + 1, 3).tolist()))
+        for a, b in zip(cuts[::-1][1:], cuts[::-1][:-1]):  # out of order, like ranks finishing
+            w.write_rows(a, arr[a:b])
+    assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "ref.npy").read_bytes()
+    assert np.array_equal(load_npy(str(tmp_path / "ours.npy")), arr)
+
+
+def test_gpt_cache_name_of_the_worked_example(tmp_path):
+    # The configuration of megatron-compat.md §7 fact 10. megatron-core 0.16.1, run on it, names the
+    # files 3177734e…; the doc's 545eb909… does not reproduce (its recipe must have differed).
+    tokenizer = {"class": "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText",
+                 "tokenizer_path": None, "vocab_size": "1000"}
+    entry = CacheEntry(str(tmp_path), gpt_identifiers(
+        "data/tiny", 50, "train", 1234, 16, "969,30,1", [[0, 0.969], [0.969, 0.999], [0.999, 1.0]], tokenizer))
+    assert entry.hash == "3177734e3afae46f9004a9f9cfbb4542"
+    assert entry.path("sample_index.npy").endswith("3177734e3afae46f9004a9f9cfbb4542-GPTDataset-train-sample_index.npy")
+    assert not entry.exists()
