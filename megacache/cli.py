@@ -61,6 +61,26 @@ def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
               flush=True)
 
 
+def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
+    from .verify import summarize_dataset, verify_dataset
+
+    failed = []
+    if comm.rank == 0:
+        for prefix in args.paths:
+            prefix = prefix[:-4] if prefix.endswith((".bin", ".idx")) else prefix
+            problems = verify_dataset(prefix, vocab_size=args.vocab_size)
+            if problems:
+                failed.append(prefix)
+                print(f"FAIL {prefix}", flush=True)
+                for p in problems:
+                    print(f"  {p}", flush=True)
+            else:
+                print(f"ok   {summarize_dataset(prefix)}", flush=True)
+    failed = comm.bcast(failed)
+    if failed:
+        raise MegacacheError(f"{len(failed)} of {len(args.paths)} dataset(s) failed verification")
+
+
 def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
     from .sample import write_sample_corpus
 
@@ -97,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-prefix", required=True)
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.set_defaults(func=_cmd_merge)
+
+    p = sub.add_parser("verify", help="check datasets (.bin/.idx) for consistency; exit 0 only if all hold")
+    p.add_argument("paths", nargs="+", metavar="PREFIX")
+    p.add_argument("--vocab-size", type=int, help="also check every token id is below this")
+    p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("sample-corpus", help="write the bundled synthetic sample corpus (jsonl)")
     p.add_argument("--output-dir", required=True)
