@@ -12,4 +12,4 @@ for n in 2 3; do
   mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi tests
 done
 echo "=== serial tests"
-python -m pytest -q -p no:cacheprovider -m "not slow" tests "$@"
+python -m pytest -q -p no:cacheprovider tests "$@"

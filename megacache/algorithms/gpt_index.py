@@ -1,0 +1,480 @@
+"""The three index arrays of Megatron's GPTDataset, bit-identical to megatron-core 0.16.1.
+
+See megatron-compat.md §2.4–2.8. Notation: D documents (sequences) in the split, T tokens per
+epoch, E epochs, L sequence length, N requested samples, x = add_extra_token_to_sequence (0/1),
+M = E·D the document-index length, n the number of samples (the sample index has n + 1 rows).
+
+* ``GPTIndexPlan``: everything that is cheap to know before building (E, separation, n, array
+  lengths and dtypes), so a builder can preallocate the output files.
+* Document index: the split's sequence ids tiled E times and shuffled (MT19937, one serial pass).
+* Sample index, row k = (i, off): sample k starts at token ``off`` of the document at position i
+  of the document index. Sample k starts at stream position k·L, so with S[i] the number of tokens
+  in positions < i, row k is the *smallest* i with S[i+1] >= k·L + x and off = k·L - S[i]. Rows
+  past the last token (only without drop_last) read (M-1, len(M-1) - x). So no row depends on the
+  previous one: ``sample_index_rows`` computes any row range from a window of S (a
+  ``searchsorted`` to its first row, then a merge forward), ``document_token_ends`` computes a
+  window of S from a slice of the document index and the tokens before it (a builder exscans the
+  per-slice totals), and ``sample_rows_in_slice`` says which rows a slice of positions owns.
+  ``sample_index_reference`` is Megatron's sequential walk, kept as the reference.
+* Shuffle index: ``arange(n)`` shuffled (two ranges when the final epoch is separated), continuing
+  the RNG after the document index.
+
+The RNG order for one split is: document index (first E-1 epochs, then the last if separated),
+then the shuffle index (first range, then the second), all from ``MT19937.from_seed(seed)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numba
+import numpy as np
+
+from ..errors import MegacacheError
+from .permutation import MT19937, shuffle
+
+INT32_MAX = int(np.iinfo(np.int32).max)
+UINT32_MAX = int(np.iinfo(np.uint32).max)
+#: Megatron separates the final epoch when it contributes fewer than int(0.80 * per_epoch) samples.
+SEPARATION_THRESHOLD = 0.80
+
+
+class EpochPlan(NamedTuple):
+    num_epochs: int
+    separate_final_epoch: bool
+    #: ((E-1)·T - x) // L, the samples before the final epoch; None when E == 1
+    samples_sans_final_epoch: int | None
+
+
+def num_epochs(
+    tokens_per_epoch: int, num_samples: int | None, sequence_length: int, add_extra_token: int
+) -> int:
+    """Megatron's epoch count: 1 if N is None, else the smallest E >= 1 with E·T >= N·L + x."""
+    if num_samples is None:
+        return 1
+    requested = num_samples * sequence_length + add_extra_token
+    if tokens_per_epoch >= requested:
+        return 1
+    if tokens_per_epoch <= 0:
+        # Megatron adds T until it reaches the request: with T = 0 it never returns (issue #957).
+        raise MegacacheError(
+            f"the split has no tokens, so num_samples={num_samples} can never be reached "
+            f"(megatron-core would loop forever here): give this split a non-empty range in "
+            f"--split, or request no samples from it (num_samples=None)"
+        )
+    return -(-requested // tokens_per_epoch)
+
+
+def plan_epochs(
+    tokens_per_epoch: int, num_samples: int | None, sequence_length: int, add_extra_token: int
+) -> EpochPlan:
+    """E, whether the final epoch is shuffled separately, and the samples before the final epoch."""
+    T, L, x = tokens_per_epoch, sequence_length, add_extra_token
+    E = num_epochs(T, num_samples, L, x)
+    if E == 1:
+        return EpochPlan(1, False, None)
+    sans = ((E - 1) * T - x) // L
+    per_epoch = (T - x) // L
+    # Megatron asserts 0 <= N - sans <= per_epoch + 1; that holds for every E computed as above.
+    separate = num_samples - sans < int(SEPARATION_THRESHOLD * per_epoch)
+    return EpochPlan(E, separate, sans)
+
+
+def sample_count(
+    num_epochs: int, tokens_per_epoch: int, sequence_length: int, add_extra_token: int, drop_last: bool
+) -> int:
+    """n, the number of samples in the sample index, computed as Megatron's C++ does.
+
+    drop_last: ``(E·T - x) / L`` in C++ integer division, which truncates toward zero (an empty
+    split gives 0, not -1). Otherwise ``ceil(float(E·T - x) / L)`` in *single* precision: above
+    2^24 tokens this can be one short (T=16781314, L=4096 gives 4097, exactly 4098).
+    """
+    total = num_epochs * tokens_per_epoch - add_extra_token
+    if drop_last:
+        quotient = abs(total) // sequence_length
+        return quotient if total >= 0 else -quotient
+    ratio = np.array([total], dtype=np.int64).astype(np.float32) / np.float32(sequence_length)
+    return int(np.ceil(ratio)[0])
+
+
+def sample_index_dtype(document_index_length: int, max_sequence_length: int) -> np.dtype:
+    """int32 if ``max(M, max sequence length of the WHOLE dataset) <= 2^31 - 1``, else int64."""
+    if max(document_index_length, max_sequence_length) <= INT32_MAX:
+        return np.dtype(np.int32)
+    return np.dtype(np.int64)
+
+
+def shuffle_index_dtype(num_samples: int) -> np.dtype:
+    """uint32 unless n >= 2^32 - 2, then int64 (Megatron's threshold, not 2^32)."""
+    return np.dtype(np.int64) if num_samples >= UINT32_MAX - 1 else np.dtype(np.uint32)
+
+
+@dataclass(frozen=True)
+class GPTIndexPlan:
+    """Everything about one split's GPTDataset indices that is known before building them."""
+
+    num_documents: int  # D, sequences in the split
+    tokens_per_epoch: int  # T
+    requested_samples: int | None  # N
+    sequence_length: int  # L
+    add_extra_token: int  # x, 0 or 1
+    drop_last: bool
+    num_epochs: int  # E
+    separate_final_epoch: bool
+    samples_sans_final_epoch: int | None
+    num_samples: int  # n = len(GPTDataset); the sample index has n + 1 rows
+    sample_index_dtype: np.dtype
+    shuffle_index_dtype: np.dtype
+
+    @classmethod
+    def from_counts(
+        cls,
+        num_documents: int,
+        tokens_per_epoch: int,
+        max_sequence_length: int,
+        num_samples: int | None,
+        sequence_length: int,
+        add_extra_token: bool | int,
+        drop_last: bool,
+    ) -> "GPTIndexPlan":
+        """The plan from D, T and the largest sequence length of the whole dataset (not the split)."""
+        if add_extra_token not in (0, 1):
+            raise MegacacheError(f"add_extra_token must be 0 or 1, got {add_extra_token!r}")
+        x = int(add_extra_token)
+        L = _check_int("sequence_length", sequence_length, 1)
+        if L + x > INT32_MAX:
+            raise MegacacheError(f"sequence_length {L} (+{x}) does not fit Megatron's int32 arithmetic")
+        D = _check_int("num_documents", num_documents, 0)
+        T = _check_int("tokens_per_epoch", tokens_per_epoch, 0)
+        _check_int("max_sequence_length", max_sequence_length, 0)
+        N = None if num_samples is None else _check_int("num_samples", num_samples, 0)
+        E, separate, sans = plan_epochs(T, N, L, x)
+        if E > INT32_MAX:
+            raise MegacacheError(
+                f"num_samples={N} needs {E} epochs of {T} tokens; Megatron passes the epoch count "
+                f"as an int32 (at most {INT32_MAX})"
+            )
+        n = sample_count(E, T, L, x, drop_last)
+        if n < 0:
+            # Only an empty split with L = 1 and x = 1 gets here; megatron-core fails on it too.
+            raise MegacacheError(
+                f"the split has {T} tokens: no sample of sequence_length {L} (+{x}) can be built"
+            )
+        return cls(
+            num_documents=D,
+            tokens_per_epoch=T,
+            requested_samples=N,
+            sequence_length=L,
+            add_extra_token=x,
+            drop_last=bool(drop_last),
+            num_epochs=E,
+            separate_final_epoch=separate,
+            samples_sans_final_epoch=sans,
+            num_samples=n,
+            sample_index_dtype=sample_index_dtype(E * D, max_sequence_length),
+            shuffle_index_dtype=shuffle_index_dtype(n),
+        )
+
+    @classmethod
+    def for_split(
+        cls,
+        sequence_lengths: np.ndarray,
+        split_range: tuple[int, int],
+        num_samples: int | None,
+        sequence_length: int,
+        add_extra_token: bool | int,
+        drop_last: bool,
+    ) -> "GPTIndexPlan":
+        """The plan for sequences ``[beg, end)`` of a dataset with these (whole) sequence lengths."""
+        beg, end = split_range
+        if not 0 <= beg <= end <= len(sequence_lengths):
+            raise ValueError(f"split range {split_range} is outside [0, {len(sequence_lengths)}]")
+        if len(sequence_lengths) == 0:
+            raise MegacacheError(
+                "the dataset has no sequences; megatron-core cannot build a GPTDataset on it"
+            )
+        return cls.from_counts(
+            num_documents=end - beg,
+            tokens_per_epoch=int(np.sum(sequence_lengths[beg:end], dtype=np.int64)),
+            max_sequence_length=int(np.max(sequence_lengths)),
+            num_samples=num_samples,
+            sequence_length=sequence_length,
+            add_extra_token=add_extra_token,
+            drop_last=drop_last,
+        )
+
+    @property
+    def document_index_length(self) -> int:
+        """M = E·D."""
+        return self.num_epochs * self.num_documents
+
+    @property
+    def sample_index_shape(self) -> tuple[int, int]:
+        return (self.num_samples + 1, 2)
+
+    @property
+    def shuffle_first_range(self) -> int:
+        """Size of the first shuffled range of the shuffle index: sans if separated, else n."""
+        return self.samples_sans_final_epoch if self.separate_final_epoch else self.num_samples
+
+    @property
+    def shuffle_index_length(self) -> int:
+        # max(): the first range could only exceed n through the float32 row count at > 2^24
+        # epochs; Megatron then keeps it whole, so do we.
+        return max(self.shuffle_first_range, self.num_samples)
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise MegacacheError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise MegacacheError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+# --------------------------------------------------------------------------------------------
+# Document index
+
+
+def build_document_index(
+    indices: np.ndarray,
+    num_epochs: int,
+    separate_final_epoch: bool,
+    state: MT19937,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """``indices`` tiled ``num_epochs`` times (epoch-major) as int32, shuffled with ``state``.
+
+    Separated: the first E-1 epochs are shuffled together, then the last epoch on its own. ``out``
+    (int32, length E·D, e.g. a memory map) is filled in place instead of allocating.
+    """
+    indices = np.asarray(indices)
+    length = num_epochs * len(indices)
+    if out is None:
+        out = np.empty(length, dtype=np.int32)
+    elif out.dtype != np.int32 or out.shape != (length,):
+        raise ValueError(f"out must be int32[{length}], got {out.dtype}{list(out.shape)}")
+    out.reshape(num_epochs, len(indices))[...] = indices
+    if separate_final_epoch and num_epochs > 1:
+        first = length - len(indices)
+        shuffle(out[:first], state)
+        shuffle(out[first:], state)
+    else:
+        shuffle(out, state)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Sample index
+
+
+def document_token_ends(
+    sizes: np.ndarray, document_index: np.ndarray, start: int = 0, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Prefix sums along a slice of the document index: ``S[p0+1 … p1]`` for the slice
+    ``document_index[p0:p1]``, given ``start = S[p0]``, the tokens in all positions before it."""
+    if out is None:
+        out = np.empty(len(document_index), dtype=np.int64)
+    elif out.shape != (len(document_index),) or out.dtype != np.int64:
+        raise ValueError(f"out must be int64[{len(document_index)}], got {out.dtype}{list(out.shape)}")
+    _token_ends(np.asarray(sizes), np.asarray(document_index), np.int64(start), out.view(np.ndarray))
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _token_ends(sizes, document_index, start, out):
+    total = start
+    for p in range(document_index.shape[0]):
+        total += sizes[document_index[p]]
+        out[p] = total
+
+
+def sample_rows_in_slice(
+    plan: GPTIndexPlan, first_position: int, stop_position: int, start: int, end: int
+) -> tuple[int, int]:
+    """The rows ``[k0, k1)`` that document-index positions ``[p0, p1)`` own, given ``start = S[p0]``
+    and ``end = S[p1]``. A row is owned by the position it records (row 0 by position 0, the rows
+    past the last token by M-1), so slices that partition ``[0, M)`` partition the rows, and each
+    slice computes its rows with ``sample_index_rows`` from its own ``document_token_ends``."""
+    if stop_position == plan.document_index_length:
+        return _first_row_at(plan, first_position, start), plan.num_samples + 1
+    return _first_row_at(plan, first_position, start), _first_row_at(plan, stop_position, end)
+
+
+def _first_row_at(plan: GPTIndexPlan, position: int, tokens_before: int) -> int:
+    """The first row recorded at a document-index position >= ``position``."""
+    if position == 0:
+        return 0
+    if position >= plan.document_index_length:
+        return plan.num_samples + 1
+    # Row k >= 1 is at the first position whose tokens reach its target k·L + x.
+    L, x = plan.sequence_length, plan.add_extra_token
+    return min(plan.num_samples + 1, max(1, (tokens_before - x) // L + 1))
+
+
+def sample_index_rows(
+    plan: GPTIndexPlan,
+    ends: np.ndarray,
+    start: int,
+    first_position: int,
+    k0: int,
+    k1: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Rows ``[k0, k1)`` of the sample index, from a window of the prefix sums.
+
+    ``ends`` = ``document_token_ends`` of document-index positions ``[first_position, first_position
+    + len(ends))`` and ``start`` = the tokens before ``first_position``. The window must hold every
+    row's document. Work: one bisection of the window, then a merge over the rows and the
+    positions they span. Any row partition gives the serial result.
+    """
+    L, x, M = plan.sequence_length, plan.add_extra_token, plan.document_index_length
+    if not 0 <= k0 <= k1 <= plan.num_samples + 1:
+        raise ValueError(f"rows [{k0}, {k1}) are outside [0, {plan.num_samples + 1})")
+    window_stop = first_position + len(ends)
+    if out is None:
+        out = np.empty((k1 - k0, 2), dtype=plan.sample_index_dtype)
+    elif out.shape != (k1 - k0, 2) or out.dtype != plan.sample_index_dtype:
+        raise ValueError(
+            f"out must be {plan.sample_index_dtype}[{k1 - k0}, 2], got {out.dtype}{list(out.shape)}"
+        )
+    if k0 == 0 and k1 > 0:
+        out[0] = 0  # row 0 is (0, 0), whatever the documents
+    first_k = max(k0, 1)
+    if first_k >= k1:
+        return out
+    if first_position > 0 and first_k * L + x <= start:
+        raise ValueError(f"row {first_k} starts before the window at position {first_position}")
+    # Rows up to the window's last token; the rest lie past the end of the data.
+    found_stop = min(k1, max(first_k, (int(ends[-1]) - x) // L + 1)) if len(ends) else first_k
+    found = found_stop - first_k
+    rows = out[first_k - k0 :]
+    if found:
+        lo = int(np.searchsorted(ends, first_k * L + x, side="left"))
+        _rows_from_ends(
+            np.asarray(ends), np.int64(start), np.int64(first_position), lo, first_k, L, x,
+            rows[:found].view(np.ndarray),
+        )
+    if found_stop < k1:
+        # Past the window: only legal past the last token, where Megatron records (M-1, len - x).
+        if window_stop != M or len(ends) == 0:
+            raise ValueError(
+                f"row {found_stop} lies beyond the window ending at position {window_stop} of {M}"
+            )
+        last_length = ends[-1] - (ends[-2] if len(ends) > 1 else start)
+        rows[found:, 0] = M - 1
+        rows[found:, 1] = last_length - x
+        _check_int32_offsets(plan, last_length - x)
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _rows_from_ends(ends, start, first_position, j, first_k, L, x, rows):
+    # Merge the ascending row targets k·L + x into the ascending prefix sums, from position j on.
+    for r in range(rows.shape[0]):
+        k = first_k + r
+        target = k * L + x
+        while ends[j] < target:
+            j += 1
+        before = start if j == 0 else ends[j - 1]
+        rows[r, 0] = first_position + j
+        rows[r, 1] = k * L - before
+
+
+def _check_int32_offsets(plan: GPTIndexPlan, offset: int) -> None:
+    # An empty last document with x = 1 records offset -1. megatron-core's int32 path asserts
+    # that offsets are >= 0 and the build fails; its int64 path keeps the -1.
+    if offset < 0 and plan.sample_index_dtype == np.int32:
+        raise MegacacheError(
+            "the last document of the shuffled document index is empty, so the last partial "
+            "sample would start at offset -1; megatron-core fails on this (AssertionError in "
+            "build_sample_idx). Drop empty sequences from the dataset or keep drop_last on"
+        )
+
+
+def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan) -> np.ndarray:
+    """The whole sample index, vectorised (the slice form over one slice)."""
+    ends = document_token_ends(sizes, document_index)
+    return sample_index_rows(plan, ends, 0, 0, 0, plan.num_samples + 1)
+
+
+def sample_index_reference(sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan) -> np.ndarray:
+    """Megatron's sequential walk (helpers.cpp ``build_sample_idx``), step by step."""
+    out = np.empty(plan.sample_index_shape, dtype=plan.sample_index_dtype)
+    _walk(np.asarray(sizes), np.asarray(document_index), plan.sequence_length, plan.add_extra_token, out)
+    if plan.num_samples:
+        _check_int32_offsets(plan, int(out[-1, 1]))
+    return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _walk(sizes, document_index, L, x, out):
+    i = 0
+    offset = 0
+    out[0, 0] = 0
+    out[0, 1] = 0
+    last = document_index.shape[0] - 1
+    for k in range(1, out.shape[0]):
+        need = L + x
+        while need != 0:
+            length = np.int64(sizes[document_index[i]]) - offset
+            need -= length
+            if need <= 0:
+                offset += need + length - x
+                need = 0
+            elif i == last:
+                # Out of documents: only the last, partial sample (no drop_last) gets here.
+                offset = np.int64(sizes[document_index[last]]) - x
+                break
+            else:
+                i += 1
+                offset = 0
+        out[k, 0] = i
+        out[k, 1] = offset
+
+
+# --------------------------------------------------------------------------------------------
+# Shuffle index
+
+
+def build_shuffle_index(
+    num_samples: int,
+    first_range: int,
+    dtype: np.dtype,
+    state: MT19937,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """``arange(first_range)`` shuffled, then ``arange(first_range, num_samples)`` shuffled.
+
+    ``first_range`` is the plan's ``shuffle_first_range`` (sans if separated, else n).
+    """
+    length = max(first_range, num_samples)
+    if out is None:
+        out = np.empty(length, dtype=dtype)
+    elif out.shape != (length,) or out.dtype != dtype:
+        raise ValueError(f"out must be {np.dtype(dtype)}[{length}], got {out.dtype}{list(out.shape)}")
+    _fill_arange(out)
+    shuffle(out[:first_range], state)
+    shuffle(out[first_range:], state)
+    return out
+
+
+def _fill_arange(out: np.ndarray, chunk: int = 1 << 22) -> None:
+    # In chunks: a full-length arange temporary would double the memory of a large memory map.
+    for lo in range(0, len(out), chunk):
+        out[lo : lo + chunk] = np.arange(lo, min(lo + chunk, len(out)), dtype=out.dtype)
+
+
+def build_gpt_indices(
+    sequence_lengths: np.ndarray, split_range: tuple[int, int], plan: GPTIndexPlan, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """All three arrays of one split in one process, as megatron-core's GPTDataset builds them."""
+    state = MT19937.from_seed(seed)
+    indices = np.arange(*split_range, dtype=np.int32)
+    document_index = build_document_index(indices, plan.num_epochs, plan.separate_final_epoch, state)
+    sample_index = build_sample_index(sequence_lengths, document_index, plan)
+    shuffle_index = build_shuffle_index(
+        plan.num_samples, plan.shuffle_first_range, plan.shuffle_index_dtype, state
+    )
+    return document_index, sample_index, shuffle_index

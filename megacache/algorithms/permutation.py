@@ -1,0 +1,263 @@
+"""numpy's legacy ``RandomState`` shuffle, bit for bit: MT19937 plus the masked Fisher–Yates loop.
+
+Megatron draws every permutation (document index, shuffle index) with
+``numpy.random.RandomState(seed).shuffle``. To write those arrays without numpy (in place into a
+memory map, or continuing on another rank) we need the same generator and the same bounded draws:
+
+* MT19937 exactly as numpy implements it: legacy ``init_genrand`` seeding of a 32-bit seed, the
+  624-word twist, tempering. The state is 624 key words plus a position, like
+  ``RandomState.get_state()``.
+* ``shuffle``: for i = n-1 … 1, ``j`` is drawn by numpy's legacy ``random_interval(i)``: mask = the
+  smallest 2^k - 1 >= i, draw masked outputs until one is <= i. Draws are 32-bit while
+  i <= 2^32 - 1 and 64-bit (two 32-bit outputs, the first one high) beyond, as numpy does.
+
+Two things make it about 4-5x faster than numpy while drawing the same numbers: the sequence of
+``j`` does not depend on the array, so the kernel draws a block of them first and then swaps (with
+no RNG work in between, the CPU overlaps the cache misses of the random accesses); and the
+rejection sampling is branch-free (each raw output either advances i or not).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from ..errors import MegacacheError
+
+_N = 624  # MT19937 state words
+_M = 397
+_MATRIX_A = 0x9908B0DF
+_UPPER = 0x80000000
+_LOWER = 0x7FFFFFFF
+_U32 = 0xFFFFFFFF
+# Draw this many j's before swapping: big enough to keep many misses in flight, small enough for L1.
+_BLOCK = 1024
+
+
+class MT19937:
+    """A mutable MT19937 state, interchangeable with ``numpy.random.RandomState``'s.
+
+    ``words`` is uint32[625]: the 624 key words, then the position. It is plain data: pickle it,
+    broadcast it, or round-trip it through ``to_numpy``/``from_numpy`` to continue elsewhere.
+    ``has_gauss``/``gauss`` are carried only so that the round trip through numpy is lossless.
+    """
+
+    __slots__ = ("words", "has_gauss", "gauss")
+
+    def __init__(self, words: np.ndarray, has_gauss: int = 0, gauss: float = 0.0):
+        words = np.asarray(words)
+        if words.shape != (_N + 1,) or words.dtype != np.uint32:
+            raise ValueError(f"MT19937 words must be uint32[{_N + 1}], got {words.dtype}{list(words.shape)}")
+        if words[_N] > _N:
+            raise MegacacheError(f"MT19937 position must be in [0, {_N}], got {int(words[_N])}")
+        self.words = words
+        self.has_gauss, self.gauss = int(has_gauss), float(gauss)
+
+    @classmethod
+    def from_seed(cls, seed: int) -> "MT19937":
+        """The state of ``numpy.random.RandomState(seed)`` for an integer seed in [0, 2^32 - 1]."""
+        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+            raise MegacacheError(f"random seed must be an integer, got {seed!r}")
+        if not 0 <= int(seed) <= _U32:
+            raise MegacacheError(f"random seed must be between 0 and 2**32 - 1, got {seed}")
+        words = np.empty(_N + 1, dtype=np.uint32)
+        _init_genrand(words, int(seed))
+        return cls(words)
+
+    @classmethod
+    def from_numpy(cls, state) -> "MT19937":
+        """From ``RandomState.get_state()`` (the legacy tuple or the ``legacy=False`` dict)."""
+        if isinstance(state, dict):
+            if state.get("bit_generator") != "MT19937":
+                raise MegacacheError(f"not an MT19937 state: {state.get('bit_generator')!r}")
+            key, pos = state["state"]["key"], state["state"]["pos"]
+            has_gauss, gauss = state.get("has_gauss", 0), state.get("gauss", 0.0)
+        else:
+            name, key, pos, has_gauss, gauss = state
+            if name != "MT19937":
+                raise MegacacheError(f"not an MT19937 state: {name!r}")
+        key = np.asarray(key)
+        if key.shape != (_N,):
+            raise MegacacheError(f"MT19937 key must have {_N} words, got shape {key.shape}")
+        words = np.empty(_N + 1, dtype=np.uint32)
+        words[:_N] = key.astype(np.uint32)
+        if not 0 <= int(pos) <= _N:
+            raise MegacacheError(f"MT19937 position must be in [0, {_N}], got {pos}")
+        words[_N] = pos
+        return cls(words, has_gauss, gauss)
+
+    def to_numpy(self) -> tuple:
+        """The legacy ``get_state()`` tuple: ``('MT19937', key uint32[624], pos, has_gauss, gauss)``."""
+        return ("MT19937", self.words[:_N].copy(), int(self.words[_N]), self.has_gauss, self.gauss)
+
+    def to_random_state(self) -> np.random.RandomState:
+        rs = np.random.RandomState()
+        rs.set_state(self.to_numpy())
+        return rs
+
+    def copy(self) -> "MT19937":
+        return MT19937(self.words.copy(), self.has_gauss, self.gauss)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, MT19937):
+            return NotImplemented
+        return (
+            np.array_equal(self.words, other.words)
+            and (self.has_gauss, self.gauss) == (other.has_gauss, other.gauss)
+        )
+
+    def __repr__(self) -> str:
+        return f"MT19937(pos={int(self.words[_N])}, key[:2]={self.words[:2].tolist()})"
+
+
+def shuffle(arr: np.ndarray, state: MT19937) -> None:
+    """Shuffle the 1-D ``arr`` in place exactly as ``RandomState.shuffle`` would, advancing ``state``
+    exactly as far. Any element dtype; views and memory maps work (only ``arr`` is touched)."""
+    if not isinstance(arr, np.ndarray) or arr.ndim != 1:
+        raise ValueError(f"shuffle needs a 1-D numpy array, got {type(arr).__name__} of ndim {np.ndim(arr)}")
+    if not arr.flags.writeable:
+        raise ValueError("shuffle needs a writeable array")
+    if arr.shape[0] > 1:
+        # np.memmap is an ndarray subclass; numba wants the plain ndarray view of the same memory.
+        _shuffle_kernel(arr.view(np.ndarray), state.words)
+
+
+def random_interval(state: MT19937, max_value: int) -> int:
+    """One legacy bounded draw in [0, max_value] (numpy's ``random_interval``, used by shuffle)."""
+    if not 0 <= max_value <= np.iinfo(np.int64).max:
+        raise ValueError(f"max_value must be in [0, 2**63 - 1], got {max_value}")
+    return int(_interval_kernel(state.words, np.int64(max_value)))
+
+
+@numba.njit(cache=True)
+def _init_genrand(words, seed):
+    words[0] = seed
+    for k in range(1, _N):
+        prev = np.int64(words[k - 1])
+        words[k] = (1812433253 * (prev ^ (prev >> 30)) + k) & _U32
+    words[_N] = _N
+
+
+@numba.njit(cache=True, inline="always")
+def _twisted(key, k, k1, km):
+    y = (np.int64(key[k]) & _UPPER) | (np.int64(key[k1]) & _LOWER)
+    return np.int64(key[km]) ^ (y >> 1) ^ ((y & 1) * _MATRIX_A)
+
+
+@numba.njit(cache=True)
+def _twist(key):
+    # Regenerate all 624 words in place (numpy's mt19937_gen). Three loops instead of one with
+    # "% 624" indices: the modulo made this 10x slower.
+    for k in range(_N - _M):
+        key[k] = _twisted(key, k, k + 1, k + _M)
+    for k in range(_N - _M, _N - 1):
+        key[k] = _twisted(key, k, k + 1, k + _M - _N)
+    key[_N - 1] = _twisted(key, _N - 1, 0, _M - 1)
+
+
+@numba.njit(cache=True, inline="always")
+def _temper(y):
+    y ^= y >> 11
+    y ^= (y << 7) & 0x9D2C5680
+    y ^= (y << 15) & 0xEFC60000
+    y ^= y >> 18
+    return y
+
+
+@numba.njit(cache=True, inline="always")
+def _next32(words, pos):
+    """(32-bit output as int64, new position)."""
+    if pos == _N:
+        _twist(words)
+        pos = 0
+    return _temper(np.int64(words[pos])), pos + 1
+
+
+@numba.njit(cache=True, inline="always")
+def _bounded(words, pos, max_value):
+    """numpy's legacy random_interval(max_value) for max_value >= 1: (value, new position)."""
+    mask = max_value
+    mask |= mask >> 1
+    mask |= mask >> 2
+    mask |= mask >> 4
+    mask |= mask >> 8
+    mask |= mask >> 16
+    mask |= mask >> 32
+    if max_value <= _U32:
+        while True:
+            y, pos = _next32(words, pos)
+            value = y & mask
+            if value <= max_value:
+                return value, pos
+    while True:
+        # numpy's next_uint64 for MT19937: first output is the high word. mask < 2^63, so
+        # masking the high word first keeps the shift inside int64.
+        hi, pos = _next32(words, pos)
+        lo, pos = _next32(words, pos)
+        value = ((hi & (mask >> 32)) << 32) | lo
+        if value <= max_value:
+            return value, pos
+
+
+@numba.njit(cache=True)
+def _interval_kernel(words, max_value):
+    if max_value == 0:
+        return np.int64(0)
+    value, pos = _bounded(words, np.int64(words[_N]), max_value)
+    words[_N] = pos
+    return value
+
+
+@numba.njit(cache=True)
+def _temper_all(key, out):
+    for k in range(_N):
+        out[k] = _temper(np.int64(key[k]))
+
+
+@numba.njit(cache=True, nogil=True)
+def _shuffle_kernel(a, words):
+    pos = np.int64(words[_N])
+    hi = np.int64(a.shape[0] - 1)
+    # Arrays over 2^32 elements: 64-bit draws while i > 2^32 - 1, one at a time (rarely matters).
+    while hi > _U32:
+        j, pos = _bounded(words, pos, hi)
+        tmp = a[j]
+        a[j] = a[hi]
+        a[hi] = tmp
+        hi -= 1
+    js = np.empty(min(a.shape[0], _BLOCK), dtype=np.int64)
+    tempered = np.empty(_N, dtype=np.int64)
+    _temper_all(words, tempered)
+    mask = hi
+    mask |= mask >> 1
+    mask |= mask >> 2
+    mask |= mask >> 4
+    mask |= mask >> 8
+    mask |= mask >> 16
+    while hi >= 1:
+        # Draw the next m j's. Branch-free rejection sampling: every raw output is tried against
+        # the current i; an accepted one advances i (and halves the mask when i drops below it).
+        m = min(_BLOCK, hi)
+        i = hi
+        t = 0
+        while t < m:
+            if pos == _N:
+                _twist(words)
+                _temper_all(words, tempered)
+                pos = 0
+            while pos < _N and t < m:
+                value = tempered[pos] & mask
+                accepted = np.int64(value <= i)
+                js[t] = value
+                t += accepted
+                i -= accepted
+                mask >>= np.int64(i <= (mask >> 1))
+                pos += 1
+        for t in range(m):
+            i = hi - t
+            j = js[t]
+            tmp = a[j]
+            a[j] = a[i]
+            a[i] = tmp
+        hi -= m
+    words[_N] = pos
