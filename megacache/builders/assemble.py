@@ -94,16 +94,3 @@ def discard(prefix: str, tag: str) -> None:
     """Remove the temporaries an ``assemble`` with this tag may have left."""
     remove_quietly(tmp_path(idx_path(prefix), tag))
     remove_quietly(tmp_path(bin_path(prefix), tag))
-
-
-def contiguous_shares(sizes: list[int] | np.ndarray, ranks: int) -> np.ndarray:
-    """Owner rank of each item when ordered items are cut into ``ranks`` contiguous runs of about
-    equal total size (each item goes to the rank whose share holds its midpoint)."""
-    sizes = np.asarray(sizes, dtype=np.float64)
-    if len(sizes) == 0:
-        return np.zeros(0, dtype=np.int64)
-    total = sizes.sum()
-    if total <= 0:
-        return (np.arange(len(sizes)) * ranks // len(sizes)).astype(np.int64)
-    mid = np.cumsum(sizes) - sizes / 2
-    return np.minimum((mid * ranks / total).astype(np.int64), ranks - 1)

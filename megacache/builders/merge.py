@@ -18,7 +18,8 @@ import numpy as np
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import IndexedDataset, bin_path
-from .assemble import Part, PartCounts, assemble, contiguous_shares, discard
+from .assemble import Part, PartCounts, assemble, discard
+from .scheduling import contiguous_shares
 
 DEFAULT_CHUNK_BYTES = 256 << 20
 

@@ -1,0 +1,296 @@
+"""``megacache tokenize``: text to Megatron ``.bin/.idx``, every rank tokenizing its share.
+
+1. Rank 0 expands the inputs and cuts them into work units by the data (line-aligned byte ranges,
+   parquet row groups, whole compressed files), then broadcasts the plan. Units are numbered in
+   input order; each rank owns a contiguous run of units of about equal bytes.
+2. Each rank tokenizes its units into per-unit part files in the work directory
+   (``.<prefix>.megacache-work/``), each published by rename and followed by a ``.done`` record of
+   its counts. A rerun with the same arguments finds those records and skips finished units.
+3. Assembly (``assemble.py``): prefix sums of every unit's counts give every unit its offsets in
+   the final files, which are preallocated and filled in place by the units' owners, then renamed
+   into place. Document order is input order whatever the rank count, so the bytes are too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..comm import Comm, get_comm
+from ..errors import MegacacheError
+from ..formats.indexed import optimal_dtype
+from ..fsio import publish, read_json, remove_quietly, tmp_path, write_json_atomic
+from ..inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
+from ..progress import Progress
+from ..tokenizers import Tokenizer, load_tokenizer
+from .assemble import Part, PartCounts, assemble, discard
+from .scheduling import contiguous_shares
+
+FORMAT_VERSION = 1
+DEFAULT_UNIT_BYTES = 64 << 20
+MAX_BAD_LOCATIONS = 10
+
+
+@dataclass
+class TokenizeConfig:
+    inputs: list[str]
+    output_prefix: str
+    json_keys: list[str] = field(default_factory=lambda: ["text"])
+    append_eod: bool = False
+    tokenizer: str | None = None
+    tokenizer_type: str | None = None
+    tokenizer_model: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    eod_id: int | None = None
+    skip_bad: bool = False
+    unit_bytes: int = DEFAULT_UNIT_BYTES
+    #: tokenizer threads per rank; default: the node's cores divided among its ranks
+    threads: int | None = None
+    progress_interval_s: float | None = None
+
+    def output_path(self, key: str) -> str:
+        """Megatron's naming: ``{prefix}_{key}_document`` (preprocess_data.py, no sentence split)."""
+        return f"{self.output_prefix}_{key}_document"
+
+    @property
+    def work_dir(self) -> str:
+        """Hidden, so that an input directory holding the output never lists its files as input."""
+        head, tail = os.path.split(self.output_prefix)
+        return os.path.join(head, f".{tail}.megacache-work")
+
+
+@dataclass
+class TokenizeResult:
+    outputs: dict[str, str]          # key -> dataset prefix
+    documents: int                   # per key (identical for every key)
+    tokens: dict[str, int]
+    units: int
+    units_reused: int
+    bad_count: int
+    bad_first: list[str]
+    seconds: float
+    ranks: int
+    dtype: str
+
+
+def _load_tokenizer(cfg: TokenizeConfig, threads: int) -> Tokenizer:
+    return load_tokenizer(cfg.tokenizer, tokenizer_type=cfg.tokenizer_type,
+                          tokenizer_model=cfg.tokenizer_model, vocab_file=cfg.vocab_file,
+                          merge_file=cfg.merge_file, eod_id=cfg.eod_id, threads=threads)
+
+
+def _default_threads(comm: Comm) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // max(1, comm.local_size))
+
+
+def _fingerprint(cfg: TokenizeConfig, paths: list[str], tok: Tokenizer, dtype: np.dtype) -> str:
+    """What must not change for finished units to be reused: inputs (by size and mtime), keys,
+    EOD handling, tokenizer, dtype, unit size."""
+    files = []
+    for p in paths:
+        st = os.stat(p)
+        files.append([p, st.st_size, st.st_mtime_ns])
+    desc = {
+        "version": FORMAT_VERSION, "files": files, "keys": cfg.json_keys, "append_eod": cfg.append_eod,
+        "tokenizer": tok.name, "vocab_size": tok.vocab_size, "eod": tok.eod, "dtype": dtype.name,
+        "unit_bytes": cfg.unit_bytes, "skip_bad": cfg.skip_bad,
+    }
+    return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
+
+
+def _unit_name(work_dir: str, index: int, suffix: str) -> str:
+    return os.path.join(work_dir, f"unit_{index:07d}.{suffix}")
+
+
+def _prepare_work_dir(work_dir: str, fingerprint: str) -> list[int]:
+    """Reuse a work directory left by an identical earlier run, else start it afresh.
+    Returns the indices of units already finished."""
+    manifest = os.path.join(work_dir, "manifest.json")
+    if os.path.isdir(work_dir):
+        try:
+            same = read_json(manifest).get("fingerprint") == fingerprint
+        except (OSError, ValueError):
+            same = False
+        if same:
+            return sorted(int(n[5:12]) for n in os.listdir(work_dir) if n.endswith(".done"))
+        shutil.rmtree(work_dir)
+    os.makedirs(work_dir)
+    write_json_atomic(manifest, {"fingerprint": fingerprint})
+    return []
+
+
+def _with_eod(ids: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
+    """Append EOD to every non-empty document (Megatron appends none to an empty one)."""
+    nonempty = lengths > 0
+    ends = np.cumsum(lengths)[nonempty]
+    return np.insert(ids, ends, eod), lengths + nonempty
+
+
+def _check_range(ids: np.ndarray, dtype: np.dtype, unit: WorkUnit, tok: Tokenizer) -> None:
+    if ids.size == 0:
+        return
+    info = np.iinfo(dtype)
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < info.min or hi > info.max:
+        bad = hi if hi > info.max else lo
+        raise MegacacheError(
+            f"{unit.path}: token id {bad} does not fit the output dtype {dtype.name} chosen from the "
+            f"vocabulary size {tok.vocab_size} of {tok.name}; Megatron would silently wrap it. "
+            f"Fix the tokenizer's vocabulary size."
+        )
+
+
+def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.dtype,
+                   progress: Progress, tag: str) -> None:
+    """Tokenize one unit into its part files, then record it as done."""
+    bad = BadRecords()
+    parts = {k: (tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.bin"), tag),
+                 tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.doclen"), tag)) for k in cfg.json_keys}
+    files = {k: (open(b, "wb"), open(d, "wb")) for k, (b, d) in parts.items()}
+    counts = {k: [0, 0, 0] for k in cfg.json_keys}
+    done_bytes = 0
+    try:
+        for batch in read_unit(unit, cfg.json_keys, cfg.skip_bad, bad):
+            batch_tokens = 0
+            for key in cfg.json_keys:
+                ids, lengths = tok.encode_batch(batch.texts[key])
+                if cfg.append_eod:
+                    ids, lengths = _with_eod(ids, lengths, tok.eod)
+                _check_range(ids, dtype, unit, tok)
+                fb, fd = files[key]
+                fb.write(ids.astype(dtype, copy=False).tobytes())
+                fd.write(lengths.astype(np.int32, copy=False).tobytes())
+                c = counts[key]
+                c[0] += len(lengths)
+                c[1] += int(np.count_nonzero(lengths))
+                c[2] += int(ids.size)
+                batch_tokens += int(ids.size)
+            progress.add(bytes=batch.bytes_done - done_bytes, docs=len(batch.texts[cfg.json_keys[0]]),
+                         tokens=batch_tokens)
+            done_bytes = batch.bytes_done
+    finally:
+        for fb, fd in files.values():
+            fb.close()
+            fd.close()
+    for key, (b, d) in parts.items():
+        publish(b, _unit_name(cfg.work_dir, unit.index, f"{key}.bin"))
+        publish(d, _unit_name(cfg.work_dir, unit.index, f"{key}.doclen"))
+    write_json_atomic(_unit_name(cfg.work_dir, unit.index, "done"), {
+        "unit": asdict(unit), "counts": counts, "bad_count": bad.count, "bad_first": bad.first,
+    })
+
+
+def _load_part(cfg: TokenizeConfig, key: str, index: int) -> Part:
+    doclen = np.fromfile(_unit_name(cfg.work_dir, index, f"{key}.doclen"), dtype=np.int32)
+    nonempty = doclen > 0
+    return Part(sequence_lengths=doclen[nonempty], document_ends=np.cumsum(nonempty, dtype=np.int64),
+                token_file=_unit_name(cfg.work_dir, index, f"{key}.bin"))
+
+
+def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
+    comm = comm or get_comm()
+    t0 = time.monotonic()
+    if not cfg.json_keys:
+        raise MegacacheError("--json-keys: give at least one key")
+    if cfg.unit_bytes < 1:
+        raise MegacacheError(f"--unit-bytes must be positive, got {cfg.unit_bytes}")
+
+    def plan():
+        paths = expand_inputs(cfg.inputs)
+        return paths, plan_units(paths, cfg.unit_bytes)
+
+    paths, units = comm.on_root(plan, "planning the inputs")
+
+    tok = error = None
+    try:
+        tok = _load_tokenizer(cfg, cfg.threads or _default_threads(comm))
+        if cfg.append_eod and tok.eod is None:
+            raise MegacacheError(f"--append-eod: {tok.name} has no end-of-document token; pass --eod-id")
+    except Exception as exc:
+        error = exc
+    comm.check(error, "loading the tokenizer")
+    dtype = optimal_dtype(tok.vocab_size)
+
+    parent = os.path.dirname(os.path.abspath(cfg.output_prefix))
+    fingerprint = _fingerprint(cfg, paths, tok, dtype) if comm.rank == 0 else None
+
+    def prepare():
+        os.makedirs(parent, exist_ok=True)
+        return _prepare_work_dir(cfg.work_dir, fingerprint)
+
+    reused = set(comm.on_root(prepare, "preparing the work directory"))
+    tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
+
+    owner = contiguous_shares([u.size for u in units], comm.size)
+    mine = [u for u in units if owner[u.index] == comm.rank]
+    todo_bytes = sum(u.size for u in units if u.index not in reused)
+    if comm.rank == 0 and reused:
+        print(f"megacache tokenize: resuming: {len(reused)} of {len(units)} units already done", flush=True)
+
+    progress = Progress(os.path.join(cfg.work_dir, "progress"), comm.rank, comm.size, todo_bytes,
+                        "tokenize", interval_s=cfg.progress_interval_s)
+    error = None
+    with progress:
+        try:
+            for unit in mine:
+                if unit.index not in reused:
+                    _tokenize_unit(cfg, unit, tok, dtype, progress, tag)
+        except Exception as exc:
+            error = exc
+    comm.check(error, "tokenizing")
+    progress.finish()
+
+    # Every unit's counts, in input order, on every rank; each rank reads only its own records.
+    records = {u.index: read_json(_unit_name(cfg.work_dir, u.index, "done")) for u in mine}
+    gathered: dict[int, dict] = {}
+    for part in comm.allgather(records):
+        gathered.update(part)
+    ordered = [gathered[u.index] for u in units]
+    documents = sum(r["counts"][cfg.json_keys[0]][0] for r in ordered)
+    if documents == 0:
+        raise MegacacheError(f"no documents were read from {len(paths)} input file(s); nothing was written")
+
+    tokens = {}
+    for key in cfg.json_keys:
+        counts = [PartCounts(*r["counts"][key]) for r in ordered]
+        out = cfg.output_path(key)
+        try:
+            assemble(comm, out, dtype, counts, [u.index for u in mine],
+                     lambda i, key=key: _load_part(cfg, key, i), tag)
+        finally:
+            discard(out, tag)
+        tokens[key] = sum(c.tokens for c in counts)
+
+    comm.barrier()
+    if comm.rank == 0:
+        shutil.rmtree(cfg.work_dir, ignore_errors=True)
+    bad_first = [loc for r in ordered for loc in r["bad_first"]][:MAX_BAD_LOCATIONS]
+    return TokenizeResult(
+        outputs={k: cfg.output_path(k) for k in cfg.json_keys}, documents=documents, tokens=tokens,
+        units=len(units), units_reused=len(reused), bad_count=sum(r["bad_count"] for r in ordered),
+        bad_first=bad_first, seconds=time.monotonic() - t0, ranks=comm.size, dtype=dtype.name,
+    )
+
+
+def summary(result: TokenizeResult) -> str:
+    lines = [f"megacache tokenize: done in {result.seconds:.1f} s on {result.ranks} rank(s)",
+             f"  units: {result.units} ({result.units_reused} reused from an earlier run, "
+             f"{result.units - result.units_reused} tokenized now)"]
+    for key, prefix in result.outputs.items():
+        lines.append(f"  {prefix}.bin/.idx: {result.documents:,} documents, {result.tokens[key]:,} tokens "
+                     f"({result.dtype})")
+    total = sum(result.tokens.values())
+    rate = total / max(result.seconds, 1e-9)
+    lines.append(f"  throughput: {rate:,.0f} tokens/s total, {rate / result.ranks:,.0f} tokens/s per rank")
+    if result.bad_count:
+        lines.append(f"  skipped {result.bad_count} bad record(s); first: " + "; ".join(result.bad_first))
+    return "\n".join(lines)
