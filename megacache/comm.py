@@ -66,8 +66,12 @@ class Comm:
         instead of leaving healthy ranks waiting at the next collective.
         """
         message = None if error is None else str(error)
-        errors = self.allgather(message)
-        failed = [(r, m) for r, m in enumerate(errors) if m is not None]
+        gathered = self.allgather((phase, message))
+        phases = {p for p, _ in gathered}
+        if len(phases) > 1:
+            # Ranks are at different collectives: a bug that would otherwise pair wrong calls silently.
+            raise RuntimeError(f"ranks disagree on the phase ({sorted(phases)}); the job is out of step")
+        failed = [(r, m) for r, (_, m) in enumerate(gathered) if m is not None]
         if failed:
             raise JobFailed(phase, failed)
 

@@ -31,56 +31,14 @@ from megacache.algorithms.permutation import MT19937, random_interval, shuffle
 from megacache.algorithms.splits import parse_split, split_matrix, split_ranges
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import IndexLayout, IndexWriter, write_dataset
-
-FACT5_SIZES = np.array([5, 7, 3, 9, 4, 6, 8, 2, 10, 1], dtype=np.int32)
-
+from oracle import load_mcore, megatron_splits, random_lengths, write_lengths
 
 @pytest.fixture(scope="session")
 def mcore(megatron):
-    """megatron-core's GPT dataset machinery and a real (null) tokenizer for its config."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from megatron.core.datasets import blended_megatron_dataset_config, gpt_dataset, helpers
-        from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-        from megatron.core.tokenizers import MegatronTokenizer
-
-    return SimpleNamespace(
-        gpt=gpt_dataset,
-        helpers=helpers,
-        config=blended_megatron_dataset_config,
-        Builder=BlendedMegatronDatasetBuilder,
-        tokenizer=MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=1000),
-    )
+    return load_mcore()
 
 
-def megatron_splits(mcore, prefix, split, sizes, seed, L, x, drop_last_valid):
-    """megatron-core's GPTDatasets for the three splits of ``prefix`` (None where a split is empty)."""
-    config = mcore.gpt.GPTDatasetConfig(
-        random_seed=seed,
-        sequence_length=L,
-        blend=([prefix], None),
-        split=split,
-        tokenizer=mcore.tokenizer,
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        add_extra_token_to_sequence=bool(x),
-        drop_last_partial_validation_sequence=drop_last_valid,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return mcore.Builder(mcore.gpt.GPTDataset, sizes, lambda: True, config).build()
-
-
-def write_lengths(prefix, lengths):
-    """A dataset of one sequence per document with these lengths, zero-length ones included (a
-    sparse .bin: the index arrays depend on lengths only)."""
-    lengths = np.asarray(lengths, dtype=np.int32)
-    layout = IndexLayout(np.dtype(np.uint16), len(lengths), len(lengths) + 1)
-    IndexWriter.create(prefix + ".idx", prefix + ".bin", layout, 2 * max(1, int(lengths.sum())))
-    with IndexWriter.open(prefix + ".idx", prefix + ".bin", layout) as w:
-        w.write_sequences(0, lengths, 0)
-        w.write_documents(0, np.arange(len(lengths) + 1))
+FACT5_SIZES = np.array([5, 7, 3, 9, 4, 6, 8, 2, 10, 1], dtype=np.int32)
 
 
 def running_documents(sizes):
@@ -454,21 +412,6 @@ def test_shuffle_index_matches_megatron(mcore):
         theirs = mcore.gpt._build_shuffle_index(first, total, rs)
         assert_same_array(build_shuffle_index(total, first, shuffle_index_dtype(total), state), theirs)
         assert state == MT19937.from_numpy(rs.get_state())
-
-
-def random_lengths(rng, count):
-    """Sequence lengths of several shapes: uniform, long-tailed, many empty, a few huge."""
-    kind = int(rng.integers(0, 4))
-    if kind == 0:
-        lengths = rng.integers(1, 50, count)
-    elif kind == 1:
-        lengths = rng.geometric(1 / 200, count)
-    elif kind == 2:
-        lengths = np.where(rng.random(count) < 0.25, 0, rng.integers(0, 100, count))
-    else:
-        lengths = rng.integers(0, 30, count)
-        lengths[rng.integers(0, count, 3)] = rng.integers(10**4, 10**5, 3)
-    return lengths.astype(np.int32)
 
 
 def megatron_sample_index(mcore, sizes, document_index, plan):

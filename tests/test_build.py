@@ -1,0 +1,165 @@
+"""megacache build: the cache directory megatron-core 0.16.1 writes, file for file and byte for byte,
+on random configurations, for 1 rank in process and 2-3 ranks under MPI (pytest-mpi)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+from megacache.builders.gpt import GPTBuildConfig, build_gpt, megatron_split_sizes
+from megacache.comm import SingleComm, get_comm
+from megacache.errors import MegacacheError
+from megacache.formats.tokenizer_ids import tokenizer_identifiers
+from oracle import load_mcore, megatron_splits, random_lengths, write_lengths
+
+# What megatron-core's tokenizer for --tokenizer-type NullTokenizer --vocab-size 1000 identifies as
+# (the oracle uses that tokenizer; megacache derives its identifiers from the flags alone).
+NULL_TOKENIZER = tokenizer_identifiers("NullTokenizer", vocab_size=1000)
+
+SPLITS = ["969, 30, 1", "969,30,1", "90,5,5", "99,1,0", "1,1,1", "100,0,0", "0,1,0", "1,1", "50,50",
+          "98,2", "7,2,1"]
+
+
+def random_config(rng: np.random.Generator) -> dict:
+    count = int(rng.integers(1, 3000))
+    lengths = random_lengths(rng, count)
+    if lengths.sum() == 0:
+        lengths[0] = 5
+    L = int(rng.choice([1, 2, 7, 16, 64, 300, 1000]))
+    x = int(rng.integers(0, 2))
+    tokens = int(lengths.sum())
+    sizes = []
+    for _ in range(3):
+        kind = rng.integers(0, 4)
+        # None (one epoch), 0, about one epoch, many epochs
+        sizes.append(None if kind == 0 else 0 if kind == 1 else
+                     int(rng.integers(1, max(2, tokens // L))) if kind == 2 else
+                     int(rng.integers(1, 30) * max(1, tokens // L)))
+    return dict(lengths=lengths, split=str(rng.choice(SPLITS)), sizes=sizes, L=L, x=x,
+                seed=int(rng.choice([0, 1234, 2**32 - 1, int(rng.integers(0, 2**32))])),
+                drop_last=bool(rng.integers(0, 2)))
+
+
+def cache_files(directory: str) -> dict[str, bytes]:
+    if not os.path.isdir(directory):
+        return {}
+    return {n: open(os.path.join(directory, n), "rb").read() for n in sorted(os.listdir(directory))}
+
+
+def megatron_cache(mcore, prefix: str, c: dict, cache: str) -> None | str:
+    """Let megatron-core build and save its cache; None, or why it refuses the configuration."""
+    try:
+        megatron_splits(mcore, prefix, c["split"], c["sizes"], c["seed"], c["L"], c["x"], c["drop_last"],
+                        path_to_cache=cache)
+    except Exception as exc:  # megatron asserts on some configurations; megacache must refuse those too
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def would_hang(c: dict) -> bool:
+    """megatron-core loops forever when a split has no tokens and an integer sample count asks for
+    any (§2.9): an empty range, or a range of empty sequences."""
+    from megacache.algorithms.splits import split_matrix, split_ranges
+
+    ranges = split_ranges(split_matrix(c["split"]), len(c["lengths"]))
+    for rng, size in zip(ranges, c["sizes"]):
+        if rng is not None and size is not None and c["lengths"][rng[0]:rng[1]].sum() == 0:
+            if size * c["L"] + c["x"] > 0:
+                return True
+    return False
+
+
+def run_both(mcore, comm, workdir: str, c: dict) -> str:
+    """Build with megatron-core (rank 0) and megacache (all ranks); compare. Returns a label."""
+    prefix = os.path.join(workdir, "data")
+    if comm.rank == 0:
+        write_lengths(prefix, c["lengths"])
+    comm.barrier()
+    hang = would_hang(c)
+    theirs_error = None
+    if comm.rank == 0 and not hang:
+        theirs_error = megatron_cache(mcore, prefix, c, os.path.join(workdir, "theirs"))
+    theirs_error = comm.bcast(theirs_error)
+    cfg = GPTBuildConfig(data_path=prefix, seq_length=c["L"], sizes=tuple(c["sizes"]),
+                         tokenizer=NULL_TOKENIZER, split=c["split"], seed=c["seed"],
+                         cache_dir=os.path.join(workdir, "ours"), add_extra_token=bool(c["x"]),
+                         drop_last_partial_validation=c["drop_last"])
+    if hang or theirs_error:
+        with pytest.raises(MegacacheError):
+            build_gpt(cfg, comm)
+        return "refused"
+    result = build_gpt(cfg, comm)
+    if comm.rank == 0:
+        ours, theirs = cache_files(cfg.cache_dir), cache_files(os.path.join(workdir, "theirs"))
+        assert sorted(ours) == sorted(theirs), (c, sorted(ours), sorted(theirs))
+        for name in theirs:
+            assert ours[name] == theirs[name], (name, c)
+    comm.barrier()
+    return "separated" if any(s.plan.separate_final_epoch for s in result.splits) else "ok"
+
+
+def sweep(comm, count: int, seed: int) -> dict[str, int]:
+    mcore = load_mcore() if comm.rank == 0 else None
+    rng = np.random.default_rng(seed)
+    outcomes: dict[str, int] = {}
+    for _ in range(count):
+        c = random_config(rng)
+        workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-build-") if comm.rank == 0 else None)
+        try:
+            label = run_both(mcore, comm, workdir, c)
+        finally:
+            comm.barrier()
+            if comm.rank == 0:
+                shutil.rmtree(workdir)
+        outcomes[label] = outcomes.get(label, 0) + 1
+    return outcomes
+
+
+def test_random_configurations_single_rank(megatron):
+    outcomes = sweep(SingleComm(), 200, seed=1)
+    print("build conformance, 1 rank, 200 configurations:", outcomes)
+    assert outcomes.get("ok", 0) + outcomes.get("separated", 0) >= 150 and outcomes.get("separated", 0) >= 10
+
+
+@pytest.mark.mpi(min_size=2)
+def test_random_configurations_under_mpi():
+    comm = get_comm()
+    outcomes = sweep(comm, 200, seed=100 + comm.size)
+    if comm.rank == 0:
+        print(f"build conformance, {comm.size} ranks, 200 configurations:", outcomes)
+    assert outcomes.get("ok", 0) + outcomes.get("separated", 0) >= 150
+
+
+def test_worked_examples_5_and_8(tmp_path, megatron):
+    mcore = load_mcore()
+    lengths = np.array([5, 7, 3, 9, 4, 6, 8, 2, 10, 1])
+    for c in (dict(lengths=lengths, split="1,0,0", sizes=[7, None, None], L=8, x=1, seed=1234, drop_last=True),
+              dict(lengths=lengths, split="0,1,0", sizes=[None, None, None], L=8, x=1, seed=1234, drop_last=False)):
+        d = tempfile.mkdtemp(dir=tmp_path)
+        assert run_both(mcore, SingleComm(), d, c) in ("ok", "separated")
+
+
+def test_split_sizes_as_megatron_training_computes_them():
+    assert megatron_split_sizes(train_iters=500, global_batch_size=8, eval_iters=10, eval_interval=100) == (4000, 480, 80)
+    assert megatron_split_sizes(train_samples=1000, global_batch_size=10, eval_iters=2, eval_interval=30) == (1000, 80, 20)
+    assert megatron_split_sizes(train_iters=5, global_batch_size=4, full_validation=True)[1] is None
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(seq_length=0), "--seq-length must be a positive integer"),
+    (dict(seed=2**32), "outside numpy's RandomState range"),
+    (dict(split="969,30,1", sizes=(10, 5, 10)), r"the test split is empty \('969,30,1' of 40 sequences"),
+    (dict(data_path="/nonexistent/prefix"), "index file not found"),
+])
+def test_megatron_failure_modes_become_clear_errors(tmp_path, change, message):
+    write_lengths(str(tmp_path / "d"), np.full(40, 20))
+    base = dict(data_path=str(tmp_path / "d"), seq_length=16, sizes=(10, 5, 10), tokenizer={"class": "t"},
+                split="1,0,1", cache_dir=str(tmp_path / "cache"))
+    base.update(change)
+    with pytest.raises(MegacacheError, match=message):
+        build_gpt(GPTBuildConfig(**base), SingleComm())
+    assert not os.path.exists(tmp_path / "cache") or not os.listdir(tmp_path / "cache")
