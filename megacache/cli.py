@@ -61,6 +61,52 @@ def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
               flush=True)
 
 
+def _tokenizer_ids(args: argparse.Namespace) -> dict:
+    from .formats.tokenizer_ids import identifiers_from_description, identifiers_from_json, tokenizer_identifiers
+
+    if args.tokenizer_identifiers:
+        return identifiers_from_json(args.tokenizer_identifiers)
+    if args.tokenizer_from_description:
+        return identifiers_from_description(args.tokenizer_from_description)
+    if not args.tokenizer_type:
+        raise MegacacheError("the cache name hashes the tokenizer: give Megatron's --tokenizer-type (with "
+                             "--tokenizer-model/--vocab-file/--merge-file/--vocab-size as in training), or "
+                             "--tokenizer-identifiers FILE.json, or --tokenizer-from-description PATH")
+    return tokenizer_identifiers(
+        args.tokenizer_type, tokenizer_model=args.tokenizer_model, vocab_file=args.vocab_file,
+        merge_file=args.merge_file, vocab_size=args.vocab_size, special_tokens=args.tokenizer_special_tokens,
+        legacy=args.legacy_tokenizer, vocab_extra_ids=args.vocab_extra_ids,
+        tokenizer_hf_use_fast=args.tokenizer_hf_use_fast,
+        tokenizer_hf_include_special_tokens=args.tokenizer_hf_include_special_tokens,
+        tokenizer_metadata=args.tokenizer_metadata)
+
+
+def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
+    from .builders.gpt import GPTBuildConfig, build_gpt, megatron_split_sizes
+
+    if len(args.data_path) == 1:
+        data_path = args.data_path[0]
+    else:
+        raise MegacacheError(f"--data-path: blends of several prefixes (or a weighted prefix) are not built "
+                             f"yet; give one prefix (got {' '.join(args.data_path)})")
+    sizes = megatron_split_sizes(args.train_samples, args.train_iters, args.global_batch_size, args.eval_iters,
+                                 args.eval_interval, args.full_validation)
+    cfg = GPTBuildConfig(data_path=data_path, seq_length=args.seq_length, sizes=sizes,
+                         tokenizer=_tokenizer_ids(args), split=args.split, seed=args.seed,
+                         cache_dir=args.data_cache_path,
+                         add_extra_token=not args.no_add_extra_token_to_sequence,
+                         drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence)
+    result = build_gpt(cfg, comm)
+    if comm.rank == 0:
+        print(f"megacache build: {data_path}: cache {result.cache_dir}, {result.seconds:.1f} s on "
+              f"{result.ranks} rank(s)", flush=True)
+        for s in result.splits:
+            print(s.summary, flush=True)
+            if args.verbose:
+                print(s.entry.description, flush=True)
+        print("  phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.phases.items()), flush=True)
+
+
 def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     from .verify import summarize_dataset, verify_dataset
 
@@ -111,6 +157,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-interval", type=float, metavar="SECONDS",
                    help="progress interval (default: 0.5 on a terminal, 30 otherwise; 0 disables)")
     p.set_defaults(func=_cmd_tokenize)
+
+    p = sub.add_parser("build", help="build Megatron GPTDataset index caches (flags as in Megatron-LM training)")
+    p.add_argument("--data-path", nargs="+", required=True, metavar="PREFIX",
+                   help="the dataset prefix exactly as given to Megatron (it is part of the cache hash)")
+    p.add_argument("--split", default="969, 30, 1", help="as Megatron (default '969, 30, 1', spaces hashed)")
+    p.add_argument("--seq-length", type=int, required=True)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--data-cache-path", help="default: Megatron's <prefix>/cache/GPTDataset_indices")
+    p.add_argument("--train-samples", type=int)
+    p.add_argument("--train-iters", type=int)
+    p.add_argument("--global-batch-size", type=int)
+    p.add_argument("--eval-iters", type=int, default=100)
+    p.add_argument("--eval-interval", type=int, default=1000)
+    p.add_argument("--full-validation", action="store_true")
+    p.add_argument("--no-add-extra-token-to-sequence", action="store_true",
+                   help="GPTDatasetConfig.add_extra_token_to_sequence=False")
+    p.add_argument("--no-drop-last-partial-validation-sequence", action="store_true",
+                   help="GPTDatasetConfig.drop_last_partial_validation_sequence=False")
+    g = p.add_argument_group("tokenizer (hashed into the cache name; give what training is given)")
+    g.add_argument("--tokenizer-type")
+    g.add_argument("--tokenizer-model")
+    g.add_argument("--vocab-file")
+    g.add_argument("--merge-file")
+    g.add_argument("--vocab-size", type=int)
+    g.add_argument("--vocab-extra-ids", type=int, default=0)
+    g.add_argument("--tokenizer-special-tokens", nargs="+")
+    g.add_argument("--tokenizer-metadata")
+    g.add_argument("--tokenizer-hf-use-fast", action="store_true")
+    g.add_argument("--tokenizer-hf-include-special-tokens", action="store_true")
+    g.add_argument("--legacy-tokenizer", action="store_true")
+    g.add_argument("--tokenizer-identifiers", metavar="FILE.json", help="the tokenizer's identifiers, verbatim")
+    g.add_argument("--tokenizer-from-description", metavar="PATH",
+                   help="take the tokenizer entry of an existing Megatron ...-description.txt")
+    p.add_argument("--verbose", action="store_true", help="print each split's full description")
+    p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser("merge", help="concatenate datasets in the order given")
     p.add_argument("prefixes", nargs="+", metavar="PREFIX")
