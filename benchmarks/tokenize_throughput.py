@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+from megacache.sample import train_sample_tokenizer
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 RAW = r"""
@@ -53,20 +55,6 @@ def make_corpus(directory: str, megabytes: float) -> int:
                 written += len(line.encode())
         shard += 1
     return written
-
-
-def train_tokenizer(path: str, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from megacache.sample import sample_documents
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(sample_documents(20000, seed=12345), trainer)
-    tok.save(path)
 
 
 def run_raw(tokenizer: str, corpus: str, ranks: int) -> dict:
@@ -105,7 +93,7 @@ def main() -> None:
         corpus = os.path.join(work, "corpus")
         nbytes = make_corpus(corpus, args.megabytes)
         tokenizer = os.path.join(work, "tokenizer.json")
-        train_tokenizer(tokenizer, args.vocab_size)
+        train_sample_tokenizer(tokenizer, args.vocab_size, documents=20000, seed=12345)
         raw, ours = [], []
         for _ in range(args.repeats):  # alternate, so drift in machine load hits both sides
             raw.append(run_raw(tokenizer, corpus, args.ranks))

@@ -65,3 +65,18 @@ def write_sample_corpus(output_dir: str, files: int = 4, documents_per_file: int
                 out.write(json.dumps({"id": f"{f}-{i}", "text": text}, ensure_ascii=False) + "\n")
         paths.append(path)
     return paths
+
+
+def train_sample_tokenizer(path: str, vocab_size: int = 2000, documents: int = 3000, seed: int = 99) -> str:
+    """A real byte-level BPE tokenizer (GPT-2 style, ``<|endoftext|>`` special) trained on the sample
+    corpus, saved as ``tokenizer.json``: for tests, demos and benchmarks, with nothing downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(sample_documents(documents, seed=seed), trainer)
+    tok.save(path)
+    return path

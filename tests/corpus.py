@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from megacache.sample import sample_documents
+from megacache.sample import sample_documents, train_sample_tokenizer
 
 EDGE_DOCUMENTS = ["", " ", "a", "ünïcödé 東京 🙂", "tab\tseparated", "  leading and trailing  ", ""]
 
@@ -55,16 +55,7 @@ def write_input(path: str, docs: list[str]) -> None:
 
 def train_bpe(path: str, vocab_size: int = 2000) -> str:
     """A real byte-level BPE tokenizer trained here on generated text, saved as tokenizer.json."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(sample_documents(3000, seed=99), trainer)
-    tok.save(path)
-    return path
+    return train_sample_tokenizer(path, vocab_size)
 
 
 def megatron_reference(megatron, prefix: str, docs: list[str], encode, eod: int | None, dtype) -> None:
