@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any, Callable, Sequence
 
 from .errors import JobFailed
@@ -46,6 +47,9 @@ class Comm:
     def abort(self, code: int = 1) -> None:
         os._exit(code)
 
+    def wait_quietly(self) -> None:
+        """Barrier that sleeps while it waits, for phase ends where ranks arrive far apart."""
+
     # Derived collectives: defined once here on top of allgather, so every backend agrees.
     def allreduce(self, value: Any, op: Callable[[Sequence[Any]], Any] = sum) -> Any:
         return op(self.allgather(value))
@@ -66,6 +70,7 @@ class Comm:
         instead of leaving healthy ranks waiting at the next collective.
         """
         message = None if error is None else str(error)
+        self.wait_quietly()
         gathered = self.allgather((phase, message))
         phases = {p for p, _ in gathered}
         if len(phases) > 1:
@@ -87,6 +92,7 @@ class Comm:
                 result = fn()
             except Exception as exc:  # re-raised on every rank below
                 error = exc
+        self.wait_quietly()
         ok, payload = self.bcast((error is None, result if error is None else str(error)))
         if not ok:
             if error is not None:
@@ -124,6 +130,15 @@ class MPIComm(Comm):
 
     def allgather(self, obj: Any) -> list:
         return self._comm.allgather(obj)
+
+    def wait_quietly(self) -> None:
+        # MPICH polls at full speed inside blocking calls: a rank that finished early would take a
+        # core from the ranks still working. A non-blocking barrier polled with a short sleep does not.
+        request = self._comm.Ibarrier()
+        delay = 1e-4
+        while not request.Test():
+            time.sleep(delay)
+            delay = min(2 * delay, 1e-2)
 
     def abort(self, code: int = 1) -> None:
         sys.stdout.flush()
