@@ -57,3 +57,16 @@ def test_merge_refuses_truncated_bin(tmp_path):
         f.truncate(10)
     with pytest.raises(MegacacheError, match="truncated"):
         merge([str(tmp_path / "a")], str(tmp_path / "o"))
+
+
+def test_merge_refuses_pointers_that_disagree_with_lengths(tmp_path):
+    from megacache.formats.indexed import read_layout
+
+    write_dataset(str(tmp_path / "a"), [np.arange(5), np.arange(7), np.arange(3)], np.uint16)
+    lay = read_layout(str(tmp_path / "a.idx"))
+    with open(tmp_path / "a.idx", "r+b") as f:  # the last pointer, inside the file, 2 tokens early
+        f.seek(lay.pointers_offset + 8 * 2)
+        f.write(np.int64(2 * 10).tobytes())
+    with pytest.raises(MegacacheError, match=r"pointers of sequences 0\.\.3 disagree"):
+        merge([str(tmp_path / "a")], str(tmp_path / "o"))
+    assert not (tmp_path / "o.bin").exists() and not (tmp_path / "o.idx").exists()

@@ -76,10 +76,13 @@ def _plan(prefixes: list[str], chunk_bytes: int) -> tuple[np.dtype, list[Chunk],
         bounds = np.unique(np.linspace(0, docs, pieces + 1).astype(np.int64))
         if len(bounds) == 1:  # a dataset with no documents still contributes nothing, as a part
             bounds = np.array([0, 0])
-        di, lengths = ds.document_indices, ds.sequence_lengths
+        di, lengths, pointers = ds.document_indices, ds.sequence_lengths, ds.sequence_pointers
         for d0, d1 in zip(bounds[:-1], bounds[1:]):
             s0, s1 = int(di[d0]), int(di[d1])
-            tokens = int(lengths[s0:s1].sum(dtype=np.int64))
+            # From the pointers at the chunk's ends: O(1) per chunk, so rank 0 never reads every
+            # length of every input. The chunk's owner checks the lengths agree (load below).
+            tokens = ((int(pointers[s1 - 1]) - int(pointers[s0])) // ds.dtype.itemsize + int(lengths[s1 - 1])
+                      if s1 > s0 else 0)
             chunks.append(Chunk(j, int(d0), int(d1)))
             counts.append(PartCounts(int(d1 - d0), s1 - s0, tokens))
     return dtype, chunks, counts
@@ -101,7 +104,11 @@ def merge(prefixes: list[str], output_prefix: str, comm: Comm | None = None,
         ds = opened.setdefault(c.source, IndexedDataset(prefixes[c.source]))
         di = ds.document_indices
         s0, s1 = int(di[c.doc_start]), int(di[c.doc_stop])
-        return Part(sequence_lengths=np.asarray(ds.sequence_lengths[s0:s1]),
+        lengths = np.asarray(ds.sequence_lengths[s0:s1])
+        if int(lengths.sum(dtype=np.int64)) != counts[i].tokens:
+            raise MegacacheError(f"{prefixes[c.source]}.idx: the pointers of sequences {s0}..{s1} disagree with "
+                                 f"their lengths; run megacache verify on it")
+        return Part(sequence_lengths=lengths,
                     document_ends=np.asarray(di[c.doc_start + 1 : c.doc_stop + 1]) - s0,
                     token_file=bin_path(prefixes[c.source]),
                     token_offset=int(ds.sequence_pointers[s0]) if s1 > s0 else 0)
