@@ -174,15 +174,21 @@ def _next32(words, pos):
 
 
 @numba.njit(cache=True, inline="always")
+def _smear(x):
+    """The smallest 2^k - 1 >= x (numpy's rejection mask)."""
+    x |= x >> 1
+    x |= x >> 2
+    x |= x >> 4
+    x |= x >> 8
+    x |= x >> 16
+    x |= x >> 32
+    return x
+
+
+@numba.njit(cache=True, inline="always")
 def _bounded(words, pos, max_value):
     """numpy's legacy random_interval(max_value) for max_value >= 1: (value, new position)."""
-    mask = max_value
-    mask |= mask >> 1
-    mask |= mask >> 2
-    mask |= mask >> 4
-    mask |= mask >> 8
-    mask |= mask >> 16
-    mask |= mask >> 32
+    mask = _smear(max_value)
     if max_value <= _U32:
         while True:
             y, pos = _next32(words, pos)
@@ -228,12 +234,7 @@ def _shuffle_kernel(a, words):
     js = np.empty(min(a.shape[0], _BLOCK), dtype=np.int64)
     tempered = np.empty(_N, dtype=np.int64)
     _temper_all(words, tempered)
-    mask = hi
-    mask |= mask >> 1
-    mask |= mask >> 2
-    mask |= mask >> 4
-    mask |= mask >> 8
-    mask |= mask >> 16
+    mask = _smear(hi)
     while hi >= 1:
         # Draw the next m j's. Branch-free rejection sampling: every raw output is tried against
         # the current i; an accepted one advances i (and halves the mask when i drops below it).
