@@ -156,3 +156,17 @@ def test_bad_line_stops_with_location_and_publishes_nothing(tmp_path, ranks):
     from megacache.formats.indexed import IndexedDataset
 
     assert IndexedDataset(str(tmp_path / "o_text_document")).num_documents == 85
+
+
+def test_progress_is_aggregated_over_ranks(tmp_path, bpe):
+    docs = documents(3000, seed=5)
+    for f in range(2):
+        write_input(str(tmp_path / f"s{f}.jsonl"), docs[f::2])
+    proc = run_megacache(2, "tokenize", "--input", str(tmp_path), "--output-prefix", str(tmp_path / "o"),
+                         "--tokenizer", bpe, "--unit-bytes", "64K", "--log-interval", "0.2", "--threads", "1")
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("tokenize: ")]
+    assert lines, proc.stderr
+    # Not a terminal: plain log lines; the last one covers every rank's documents.
+    assert "\r" not in proc.stderr
+    last = lines[-1]
+    assert "100.0%" in last and "3.01k docs" in last and "MB/s" in last and "ETA" in last, last
