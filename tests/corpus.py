@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -91,3 +92,10 @@ def run_megacache(ranks: int, *args: str, check: bool = True) -> subprocess.Comp
 
 def array_of(ids) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
+
+
+def free_port() -> int:
+    """A loopback port for a torch.distributed rendezvous in a test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -5,8 +5,6 @@ real .bin/.idx files, and its C++ helpers)."""
 import dataclasses
 import json
 import pickle
-import warnings
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -30,7 +28,7 @@ from megacache.algorithms.gpt_index import (
 from megacache.algorithms.permutation import MT19937, random_interval, shuffle
 from megacache.algorithms.splits import parse_split, split_matrix, split_ranges
 from megacache.errors import MegacacheError
-from megacache.formats.indexed import IndexLayout, IndexWriter, write_dataset
+from megacache.formats.indexed import write_dataset
 from oracle import load_mcore, megatron_splits, random_lengths, write_lengths
 
 @pytest.fixture(scope="session")

@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from corpus import free_port
 from megacache.builders.gpt import GPTBuildConfig, build_gpt, megatron_split_sizes
 from megacache.comm import SingleComm
 from megacache.formats.indexed import IndexedDataset, bin_path, write_dataset
@@ -37,12 +37,6 @@ PAD = -1  # the null tokenizer has no pad token
 RANKS = 2
 SAMPLES_PER_SPLIT = 50
 INDEX_ARRAYS = ("document_index", "sample_index", "shuffle_index")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def snapshot(directory: str) -> dict:

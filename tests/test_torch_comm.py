@@ -3,9 +3,10 @@ group (as under torchrun), with the same collectives and error agreement as unde
 
 import json
 import os
-import socket
 import subprocess
 import sys
+
+from corpus import free_port
 
 RANK_MAIN = r"""
 import json, os, sys
@@ -24,12 +25,6 @@ except JobFailed as exc:
 json.dump(out, open(sys.argv[1] + f".{comm.rank}", "w"))
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_torch_gloo_backend_is_detected_and_agrees(tmp_path):

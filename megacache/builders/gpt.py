@@ -35,7 +35,7 @@ from ..errors import MegacacheError
 from ..formats.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import NpyWriter, load_npy
-from ..fsio import fsync_dir, fsync_path, remove_quietly, tmp_path, write_atomic
+from ..fsio import publish, remove_quietly, tmp_path, write_atomic
 from .scheduling import even_slice, largest_first
 
 MEGATRON_DEFAULT_SPLIT = "969, 30, 1"
@@ -199,16 +199,14 @@ def build_gpt(cfg: GPTBuildConfig, comm: Comm | None = None) -> GPTBuildResult:
         _build_splits(cfg, ds, todo, tmp, comm, phases)
         t = time.monotonic()
 
-        def publish() -> None:
+        def publish_cache() -> None:
             for s in todo:
                 for what in _shapes(s.plan):
-                    fsync_path(tmp[s.name, what])
-                    os.replace(tmp[s.name, what], s.entry.path(what))
+                    publish(tmp[s.name, what], s.entry.path(what))
                 # The description last: Megatron's cache hit needs all four files.
                 write_atomic(s.entry.path("description.txt"), s.entry.description.encode("utf-8"))
-            fsync_dir(os.path.join(cfg.cache_path, "x"))
 
-        comm.on_root(publish, "publishing the cache")
+        comm.on_root(publish_cache, "publishing the cache")
         mark("publish", t)
     finally:
         if comm.rank == 0:

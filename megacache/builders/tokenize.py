@@ -26,7 +26,7 @@ import numpy as np
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import optimal_dtype
-from ..fsio import publish, read_json, remove_quietly, tmp_path, write_json_atomic
+from ..fsio import publish, read_json, tmp_path, write_json_atomic
 from ..inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
 from ..progress import Progress
 from ..tokenizers import Tokenizer, load_tokenizer
