@@ -82,29 +82,41 @@ def _tokenizer_ids(args: argparse.Namespace) -> dict:
 
 
 def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
-    from .builders.gpt import GPTBuildConfig, build_gpt, megatron_split_sizes
+    from .blendspec import blend_from_flags
+    from .builders.build import MEGATRON_DEFAULT_SPLIT, BuildConfig, build, megatron_split_sizes
 
-    if len(args.data_path) == 1:
-        data_path = args.data_path[0]
-    else:
-        raise MegacacheError(f"--data-path: blends of several prefixes (or a weighted prefix) are not built "
-                             f"yet; give one prefix (got {' '.join(args.data_path)})")
+    blend, per_split = blend_from_flags(args.data_path, args.data_args_path,
+                                        (args.train_data_path, args.valid_data_path, args.test_data_path),
+                                        args.per_split_data_args_path)
+    split = args.split if args.split is not None or per_split else MEGATRON_DEFAULT_SPLIT
     sizes = megatron_split_sizes(args.train_samples, args.train_iters, args.global_batch_size, args.eval_iters,
                                  args.eval_interval, args.full_validation)
-    cfg = GPTBuildConfig(data_path=data_path, seq_length=args.seq_length, sizes=sizes,
-                         tokenizer=_tokenizer_ids(args), split=args.split, seed=args.seed,
-                         cache_dir=args.data_cache_path,
-                         add_extra_token=not args.no_add_extra_token_to_sequence,
-                         drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence)
-    result = build_gpt(cfg, comm)
-    if comm.rank == 0:
-        print(f"megacache build: {data_path}: cache {result.cache_dir}, {result.seconds:.1f} s on "
-              f"{result.ranks} rank(s)", flush=True)
-        for s in result.splits:
-            print(s.summary, flush=True)
+    cfg = BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=_tokenizer_ids(args), blend=blend,
+                      blend_per_split=per_split, split=split, seed=args.seed, cache_dir=args.data_cache_path,
+                      add_extra_token=not args.no_add_extra_token_to_sequence,
+                      drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence,
+                      surplus=args.mid_level_dataset_surplus)
+    result = build(cfg, comm)
+    if comm.rank != 0:
+        return
+    prefixes = list(dict.fromkeys(j.data_path for j in result.gpt))
+    built = sum(not j.reused for j in result.gpt) + sum(not b.reused for b in result.blends)
+    print(f"megacache build: {len(prefixes)} dataset(s), {len(result.gpt)} GPTDataset and {len(result.blends)} "
+          f"BlendedDataset cache entries ({built} built, the rest reused) in {result.seconds:.1f} s on "
+          f"{result.ranks} rank(s)", flush=True)
+    detailed = args.verbose or len(prefixes) <= 8
+    for prefix in prefixes if detailed else []:
+        jobs = [j for j in result.gpt if j.data_path == prefix]
+        print(f"{prefix}: cache {jobs[0].entry.directory}", flush=True)
+        for j in jobs:
+            print(j.summary, flush=True)
             if args.verbose:
-                print(s.entry.description, flush=True)
-        print("  phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.phases.items()), flush=True)
+                print(j.entry.description, flush=True)
+    for b in result.blends:
+        print(b.summary, flush=True)
+        if args.verbose:
+            print(b.entry.description, flush=True)
+    print("  phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.phases.items()), flush=True)
 
 
 def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
@@ -159,12 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_tokenize)
 
     p = sub.add_parser("build", help="build Megatron GPTDataset index caches (flags as in Megatron-LM training)")
-    p.add_argument("--data-path", nargs="+", required=True, metavar="PREFIX",
-                   help="the dataset prefix exactly as given to Megatron (it is part of the cache hash)")
-    p.add_argument("--split", default="969, 30, 1", help="as Megatron (default '969, 30, 1', spaces hashed)")
+    g = p.add_argument_group("data (exactly one of these forms, as in Megatron-LM)")
+    g.add_argument("--data-path", nargs="+", metavar="WORD",
+                   help="PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (a weighted blend), or PREFIX1 PREFIX2 ... "
+                        "(blended by length); prefixes exactly as given to Megatron (they are hashed)")
+    g.add_argument("--data-args-path", metavar="FILE", help="a file holding the --data-path words")
+    g.add_argument("--train-data-path", nargs="+", metavar="WORD", help="the train split's own blend")
+    g.add_argument("--valid-data-path", nargs="+", metavar="WORD", help="the valid split's own blend")
+    g.add_argument("--test-data-path", nargs="+", metavar="WORD", help="the test split's own blend")
+    g.add_argument("--per-split-data-args-path", metavar="FILE.json",
+                   help='JSON {"train": [...], "valid": [...], "test": [...]} of per-split words')
+    p.add_argument("--split", help="as Megatron (default '969, 30, 1' with --data-path; spaces are hashed)")
     p.add_argument("--seq-length", type=int, required=True)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--data-cache-path", help="default: Megatron's <prefix>/cache/GPTDataset_indices")
+    p.add_argument("--data-cache-path", help="default: Megatron's <prefix>/cache/GPTDataset_indices (blends "
+                                             "need it: Megatron caches blends only there)")
+    p.add_argument("--mid-level-dataset-surplus", type=float, default=0.005,
+                   help="extra samples each blended dataset is built with (default 0.005)")
     p.add_argument("--train-samples", type=int)
     p.add_argument("--train-iters", type=int)
     p.add_argument("--global-batch-size", type=int)

@@ -80,24 +80,24 @@ class Comm:
         if failed:
             raise JobFailed(phase, failed)
 
-    def on_root(self, fn: Callable[[], Any], phase: str) -> Any:
-        """Run ``fn`` on rank 0 only and broadcast its result (or its error) to every rank.
+    def on_root(self, fn: Callable[[], Any], phase: str, root: int = 0) -> Any:
+        """Run ``fn`` on rank ``root`` only and broadcast its result (or its error) to every rank.
 
         For metadata work (globbing, listing, reading a manifest) that would be a storm on a shared
-        filesystem if every rank did it.
+        filesystem if every rank did it, and for steps only one rank can take.
         """
         result = error = None
-        if self.rank == 0:
+        if self.rank == root:
             try:
                 result = fn()
             except Exception as exc:  # re-raised on every rank below
                 error = exc
         self.wait_quietly()
-        ok, payload = self.bcast((error is None, result if error is None else str(error)))
+        ok, payload = self.bcast((error is None, result if error is None else str(error)), root=root)
         if not ok:
             if error is not None:
                 raise error
-            raise JobFailed(phase, [(0, payload)])
+            raise JobFailed(phase, [(root, payload)])
         return payload
 
     def is_root(self) -> bool:

@@ -69,6 +69,17 @@ def publish(tmp: str, final: str) -> None:
     fsync_dir(final)
 
 
+def publish_many(pairs) -> None:
+    """``publish`` for many ``(tmp, final)`` pairs, fsyncing each directory once at the end."""
+    directories = set()
+    for tmp, final in pairs:
+        fsync_path(tmp)
+        os.replace(tmp, final)
+        directories.add(os.path.dirname(os.path.abspath(final)))
+    for d in sorted(directories):
+        fsync_path(d)
+
+
 def write_atomic(path: str, data: bytes) -> None:
     tmp = tmp_path(path, str(os.getpid()))
     with open(tmp, "wb") as f:

@@ -10,7 +10,7 @@ import tempfile
 import numpy as np
 import pytest
 
-from megacache.builders.gpt import GPTBuildConfig, build_gpt, megatron_split_sizes
+from megacache.builders.build import BuildConfig, build, megatron_split_sizes
 from megacache.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
 from megacache.formats.tokenizer_ids import tokenizer_identifiers
@@ -84,22 +84,22 @@ def run_both(mcore, comm, workdir: str, c: dict) -> str:
     if comm.rank == 0 and not hang:
         theirs_error = megatron_cache(mcore, prefix, c, os.path.join(workdir, "theirs"))
     theirs_error = comm.bcast(theirs_error)
-    cfg = GPTBuildConfig(data_path=prefix, seq_length=c["L"], sizes=tuple(c["sizes"]),
-                         tokenizer=NULL_TOKENIZER, split=c["split"], seed=c["seed"],
-                         cache_dir=os.path.join(workdir, "ours"), add_extra_token=bool(c["x"]),
-                         drop_last_partial_validation=c["drop_last"])
+    cfg = BuildConfig.for_prefix(prefix, seq_length=c["L"], sizes=tuple(c["sizes"]),
+                                 tokenizer=NULL_TOKENIZER, split=c["split"], seed=c["seed"],
+                                 cache_dir=os.path.join(workdir, "ours"), add_extra_token=bool(c["x"]),
+                                 drop_last_partial_validation=c["drop_last"])
     if hang or theirs_error:
         with pytest.raises(MegacacheError):
-            build_gpt(cfg, comm)
+            build(cfg, comm)
         return "refused"
-    result = build_gpt(cfg, comm)
+    result = build(cfg, comm)
     if comm.rank == 0:
         ours, theirs = cache_files(cfg.cache_dir), cache_files(os.path.join(workdir, "theirs"))
         assert sorted(ours) == sorted(theirs), (c, sorted(ours), sorted(theirs))
         for name in theirs:
             assert ours[name] == theirs[name], (name, c)
     comm.barrier()
-    return "separated" if any(s.plan.separate_final_epoch for s in result.splits) else "ok"
+    return "separated" if any(s.plan.separate_final_epoch for s in result.gpt) else "ok"
 
 
 def sweep(comm, count: int, seed: int) -> dict[str, int]:
@@ -154,6 +154,7 @@ def test_split_sizes_as_megatron_training_computes_them():
     (dict(seed=2**32), "outside numpy's RandomState range"),
     (dict(split="969,30,1", sizes=(10, 5, 10)), r"the test split is empty \('969,30,1' of 40 sequences"),
     (dict(data_path="/nonexistent/prefix"), "index file not found"),
+    (dict(sizes=(10, -1, 10)), "the valid sample count must be a non-negative integer"),
 ])
 def test_megatron_failure_modes_become_clear_errors(tmp_path, change, message):
     write_lengths(str(tmp_path / "d"), np.full(40, 20))
@@ -161,5 +162,5 @@ def test_megatron_failure_modes_become_clear_errors(tmp_path, change, message):
                 split="1,0,1", cache_dir=str(tmp_path / "cache"))
     base.update(change)
     with pytest.raises(MegacacheError, match=message):
-        build_gpt(GPTBuildConfig(**base), SingleComm())
+        build(BuildConfig.for_prefix(**base), SingleComm())
     assert not os.path.exists(tmp_path / "cache") or not os.listdir(tmp_path / "cache")

@@ -21,12 +21,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from corpus import free_port
-from megacache.builders.gpt import GPTBuildConfig, build_gpt, megatron_split_sizes
+
+from megacache.blendspec import parse_blend
+from megacache.builders.build import BuildConfig, build, megatron_split_sizes
 from megacache.comm import SingleComm
-from megacache.formats.indexed import IndexedDataset, bin_path, write_dataset
+from megacache.formats.indexed import IndexedDataset, write_dataset
 from megacache.formats.tokenizer_ids import tokenizer_identifiers
+from megacache.reader import BlendedSamples, GPTSamples
 
 L = 64  # sequence length
 X = 1  # add_extra_token_to_sequence (megatron's default)
@@ -51,30 +55,6 @@ def snapshot(directory: str) -> dict:
     return {"mtime_ns": os.stat(directory).st_mtime_ns, "files": files}
 
 
-def expected_samples(ds, document_index, sample_index, shuffle_index, idx):
-    """Megatron's raw sample text (§2.10 steps 1-5) and document ids for dataset indices ``idx``.
-
-    Sample j is the token stream of the document index from (i0, o0) to (i1, o1 + x), padded to L + x:
-    read as one gather over that stream rather than piece by piece."""
-    lengths = ds.sequence_lengths[document_index].astype(np.int64)
-    stream_end = np.cumsum(lengths)
-    stream_start = stream_end - lengths
-    j = shuffle_index[idx].astype(np.int64)
-    (i0, o0), (i1, o1) = sample_index[j].astype(np.int64).T, sample_index[j + 1].astype(np.int64).T
-    first, stop = stream_start[i0] + o0, stream_start[i1] + o1 + X
-    q = first[:, None] + np.arange(L + X)
-    inside = q < stop[:, None]
-    q = np.where(inside, q, 0)
-    pos = np.searchsorted(stream_end, q, side="right")  # the document-index position holding q
-    element = ds.sequence_pointers[document_index[pos]] // ds.dtype.itemsize + (q - stream_start[pos])
-    tokens = np.memmap(bin_path(ds.prefix), dtype=ds.dtype, mode="r")
-    text = np.where(inside, tokens[element].astype(np.int64), PAD)
-    counts = i1 - i0 + 1
-    within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    document_ids = document_index[np.repeat(i0, counts) + within].astype(np.int64)
-    return text, document_ids, counts
-
-
 def megatron_getitem_fields(text):
     """tokens, labels and loss_mask of ``dataset[i]`` for raw text (§2.10 steps 7 and 11, x=1)."""
     tokens, labels = text[:, :-1].copy(), text[:, 1:].copy()
@@ -84,9 +64,9 @@ def megatron_getitem_fields(text):
     return tokens, labels, loss_mask
 
 
-def write_corpus(prefix: str) -> None:
+def write_corpus(prefix: str, seed: int = 11) -> None:
     """Documents of running token ids (so windows are distinguishable), some empty ones included."""
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(seed)
     lengths = rng.integers(1, 150, 240)
     lengths[[3, 50, 51, 200]] = 0
     stream = (np.arange(lengths.sum()) % VOCAB).astype(np.uint16)
@@ -119,55 +99,75 @@ def run_ranks(spec_path: str, workdir: str) -> None:
                                        for r, (c, o) in enumerate(zip(codes, outputs))))
 
 
-def test_megatron_loads_a_read_only_megacache_cache_on_two_gloo_ranks(tmp_path):
-    prefix = str(tmp_path / "corpus")
-    write_corpus(prefix)
-    sizes = megatron_split_sizes(train_samples=560, global_batch_size=8, eval_iters=2, eval_interval=20)
-    cfg = GPTBuildConfig(data_path=prefix, seq_length=L, sizes=sizes,
-                         tokenizer=tokenizer_identifiers("NullTokenizer", vocab_size=VOCAB), split=SPLIT,
-                         seed=SEED, drop_last_partial_validation=False)
-    result = build_gpt(cfg, SingleComm())
-    # Megatron's default cache location, which megacache also uses: <prefix>/cache/GPTDataset_indices.
-    cache = os.path.join(prefix, "cache", "GPTDataset_indices")
-    assert os.path.samefile(result.cache_dir, cache)
-    plans = {s.name: s.plan for s in result.splits}
-    assert list(plans) == ["train", "valid", "test"]
+def megacache_samples(prefixes, weights, cache_dir, sizes):
+    """Build with megacache (one process); its reader's view of every split."""
+    if weights is None:
+        cfg = BuildConfig.for_prefix(prefixes[0], **common_config(sizes, cache_dir))
+    else:
+        blend = parse_blend([w for pair in zip(map(str, weights), prefixes) for w in pair])
+        cfg = BuildConfig(blend=blend, **common_config(sizes, cache_dir))
+    result = build(cfg, SingleComm())
+    datasets = {p: IndexedDataset(p) for p in prefixes}
+    gpt = {j.index: GPTSamples(datasets[j.data_path], j.entry, add_extra_token=bool(X)) for j in result.gpt}
+    if not result.blends:
+        return result, {j.name: gpt[j.index] for j in result.gpt}
+    return result, {b.name: BlendedSamples([gpt[c.index] for c in b.children], b.entry) for b in result.blends}
+
+
+def common_config(sizes, cache_dir):
+    return dict(seq_length=L, sizes=sizes, tokenizer=tokenizer_identifiers("NullTokenizer", vocab_size=VOCAB),
+                split=SPLIT, seed=SEED, cache_dir=cache_dir, drop_last_partial_validation=False)
+
+
+@pytest.mark.parametrize("kind", ["one prefix", "weighted blend"])
+def test_megatron_loads_a_read_only_megacache_cache_on_two_gloo_ranks(tmp_path, kind):
+    blend = kind != "one prefix"
+    prefixes = [str(tmp_path / f"corpus{i}") for i in range(3 if blend else 1)]
+    for i, prefix in enumerate(prefixes):
+        write_corpus(prefix, seed=11 + i)
+    weights = [0.5, 0.2, 0.3] if blend else None
+    # Enough samples that the first prefix's train and valid splits take 2+ epochs.
+    sizes = megatron_split_sizes(train_samples=560 * len(prefixes), global_batch_size=8,
+                                 eval_iters=2 * len(prefixes), eval_interval=20)
+    # One prefix: Megatron's default cache location, <prefix>/cache/GPTDataset_indices; a blend is
+    # only cached under --data-cache-path.
+    cache = str(tmp_path / "cache") if blend else os.path.join(prefixes[0], "cache", "GPTDataset_indices")
+    result, ours = megacache_samples(prefixes, weights, cache if blend else None, sizes)
+    assert all(os.path.samefile(j.entry.directory, cache) for j in result.gpt)
+    plans = {j.name: j.plan for j in result.gpt if j.request == 0}
+    assert list(ours) == ["train", "valid", "test"]
     assert plans["train"].num_epochs >= 2 and plans["train"].separate_final_epoch
     assert not plans["valid"].drop_last and plans["valid"].num_epochs >= 2
 
-    # megacache's view of every split, and the dataset indices each rank will ask megatron for.
-    ds = IndexedDataset(prefix)
-    arrays = {s.name: {a: np.load(s.entry.path(f"{a}.npy"), allow_pickle=False) for a in INDEX_ARRAYS}
-              for s in result.splits}
     rng = np.random.default_rng(5)
     indices = {}
-    for name, arr in arrays.items():
-        n = len(arr["shuffle_index"])
-        assert n == plans[name].num_samples
-        last_row = int(np.flatnonzero(arr["shuffle_index"] == n - 1)[0])  # the short one in valid
+    for name, samples in ours.items():
+        n = len(samples)
+        must = [0, n - 1]
+        if not blend:  # the short last valid sample, wherever the shuffle put it
+            must.append(int(np.flatnonzero(samples.shuffle_index == n - 1)[0]))
         for rank in range(RANKS):
             picked = rng.choice(n, size=min(n, SAMPLES_PER_SPLIT - 3), replace=False)
-            indices[name, rank] = np.unique(np.concatenate([[0, n - 1, last_row], picked])).tolist()
+            indices[name, rank] = np.unique(np.concatenate([must, picked])).tolist()
 
-    cache_root = os.path.join(prefix, "cache")
-    spec = {"prefix": prefix, "sizes": list(sizes), "out": str(tmp_path),
-            "indices": {f"{name}/{rank}": v for (name, rank), v in indices.items()}}
+    spec = {"prefixes": prefixes, "weights": weights, "cache": cache if blend else None, "sizes": list(sizes),
+            "out": str(tmp_path), "indices": {f"{name}/{rank}": v for (name, rank), v in indices.items()}}
     spec_path = str(tmp_path / "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)
 
-    subprocess.run(["chmod", "-R", "a-w", cache_root], check=True)
+    read_only = [cache] if blend else [os.path.join(prefixes[0], "cache")]
+    subprocess.run(["chmod", "-R", "a-w", *read_only], check=True)
     try:
         before = snapshot(cache)
         run_ranks(spec_path, str(tmp_path))
         after = snapshot(cache)
     finally:
-        subprocess.run(["chmod", "-R", "u+w", cache_root], check=True)
+        subprocess.run(["chmod", "-R", "u+w", *read_only], check=True)
 
     # Loaded, never built: the cache is untouched, ...
     assert after == before
-    assert len(before["files"]) == 12
-    assert os.listdir(cache_root) == ["GPTDataset_indices"]
+    assert len(before["files"]) == 12 * len(prefixes) + (9 if blend else 0)
     for rank in range(RANKS):
         meta = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert meta["megatron"] == "0.16.1"
@@ -177,27 +177,32 @@ def test_megatron_loads_a_read_only_megacache_cache_on_two_gloo_ranks(tmp_path):
             assert not [m for m in meta["log"] if "Build and save" in m], meta["log"]
             for name in plans:
                 assert f"Load the GPTDataset {name} indices" in meta["log"], (name, meta["log"])
+            if blend:
+                assert meta["log"].count("Load the BlendedDataset indices") == 3, meta["log"]
         got = np.load(tmp_path / f"rank{rank}.npz")
-        for s in result.splits:
-            name = s.name
-            # ... and on both ranks megatron's index arrays are memory maps of megacache's files.
-            for a in INDEX_ARRAYS:
-                mapped = meta["splits"][name][a]
-                assert mapped is not None, (rank, name, a, "not a memory map: megatron built it")
-                assert os.path.samefile(mapped, s.entry.path(f"{a}.npy")), (rank, name, a, mapped)
-            assert meta["splits"][name]["len"] == plans[name].num_samples
+        for name, samples in ours.items():
+            # ... on both ranks megatron's index arrays are memory maps of megacache's files, ...
+            for a, path in meta["splits"][name]["mapped"].items():
+                assert path is not None, (rank, name, a, "not a memory map: megatron built it")
+                assert os.path.samefile(path, samples.entry.path(f"{a}.npy")), (rank, name, a, path)
+            assert meta["splits"][name]["len"] == len(samples)
 
-            idx = np.asarray(indices[name, rank])
-            text, document_ids, counts = expected_samples(ds, **arrays[name], idx=idx)
+            # ... and every sample megatron serves is megacache's reader's sample.
+            idx = indices[name, rank]
+            text = np.stack([samples[k] for k in idx])
+            document_ids = [samples.document_ids(k) for k in idx]
             np.testing.assert_array_equal(got[f"{name}_text"], text, err_msg=f"rank {rank} {name} text")
-            np.testing.assert_array_equal(got[f"{name}_counts"], counts, err_msg=f"rank {rank} {name}")
-            np.testing.assert_array_equal(got[f"{name}_document_ids"], document_ids,
+            np.testing.assert_array_equal(got[f"{name}_counts"], [len(d) for d in document_ids])
+            np.testing.assert_array_equal(got[f"{name}_document_ids"], np.concatenate(document_ids),
                                           err_msg=f"rank {rank} {name} document ids")
+            if blend:
+                np.testing.assert_array_equal(got[f"{name}_dataset_id"], [samples.source(k)[0] for k in idx])
             for field, want in zip(("tokens", "labels", "loss_mask"), megatron_getitem_fields(text)):
                 np.testing.assert_array_equal(got[f"{name}_{field}"], want, err_msg=f"rank {rank} {name} {field}")
-            # Only valid keeps a short last sample, and it is among the ones compared.
-            short = (text == PAD).any(axis=1)
-            assert short.sum() == (name == "valid"), (rank, name, short.sum())
+            # Only valid keeps a short last sample (one prefix: it is among the ones compared).
+            short = int((text == PAD).any(axis=1).sum())
+            assert short == 0 or name == "valid", (rank, name, short)
+            assert blend or short == (name == "valid"), (rank, name, short)
 
 
 def rank_main(spec_path: str) -> None:
@@ -208,7 +213,7 @@ def rank_main(spec_path: str) -> None:
     import megatron.core
     import torch
     import torch.distributed as dist
-    from oracle import load_mcore, megatron_splits
+    from oracle import load_mcore
 
     spec = json.loads(Path(spec_path).read_text())
     dist.init_process_group("gloo")
@@ -221,21 +226,34 @@ def rank_main(spec_path: str) -> None:
     mlog.addHandler(handler)
 
     mcore = load_mcore()
-    datasets = megatron_splits(mcore, spec["prefix"], SPLIT, spec["sizes"], SEED, L, X,
-                               drop_last_valid=False)
+    config = mcore.gpt.GPTDatasetConfig(
+        random_seed=SEED, sequence_length=L, blend=(spec["prefixes"], spec["weights"]), split=SPLIT,
+        tokenizer=mcore.tokenizer, reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+        add_extra_token_to_sequence=bool(X), drop_last_partial_validation_sequence=False,
+        path_to_cache=spec["cache"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        datasets = mcore.Builder(mcore.gpt.GPTDataset, spec["sizes"], lambda: True, config).build()
     meta = {"rank": rank, "world_size": dist.get_world_size(), "megatron": megatron.core.__version__,
             "log": log, "splits": {}}
     out = {}
+
+    def mapped(arr):
+        return arr.filename if isinstance(arr, np.memmap) else None
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, dataset in zip(("train", "valid", "test"), datasets):
-            info = {"len": len(dataset)}
-            for a in INDEX_ARRAYS:
-                arr = getattr(dataset, a)
-                info[a] = arr.filename if isinstance(arr, np.memmap) else None
-            meta["splits"][name] = info
+            blended = spec["weights"] is not None
+            arrays = ("dataset_index", "dataset_sample_index") if blended else INDEX_ARRAYS
+            meta["splits"][name] = {"len": len(dataset), "mapped": {a: mapped(getattr(dataset, a)) for a in arrays}}
             idx = spec["indices"][f"{name}/{rank}"]
-            queried = [dataset._query_document_sample_shuffle_indices(i) for i in idx]
+            if blended:
+                sources = [(dataset.datasets[dataset.dataset_index[i]], dataset.dataset_sample_index[i]) for i in idx]
+                out[f"{name}_dataset_id"] = np.array([dataset.dataset_index[i] for i in idx])
+            else:
+                sources = [(dataset, i) for i in idx]
+            queried = [child._query_document_sample_shuffle_indices(i) for child, i in sources]
             items = [dataset[i] for i in idx]
             out[f"{name}_text"] = np.stack([t for t, _ in queried])
             out[f"{name}_counts"] = np.array([len(d) for _, d in queried])

@@ -1,27 +1,32 @@
-"""``megacache build``: Megatron-exact GPTDataset index caches, every rank building a slice.
+"""Megatron-exact GPTDataset index caches for any number of datasets, every rank building a slice.
 
-1. Plan (every rank, identically): each rank sums its slice of the ``.idx`` sequence lengths per
-   split range; an allgather gives every rank the same tokens per epoch, and from them the same
-   epochs, sample counts and dtypes. Every output file's shape is now known, so rank 0
-   preallocates them all under temporary names.
-2. Document index: one serial MT19937 Fisher–Yates per split, on the split's owner rank (splits are
-   spread over ranks, largest first). The RNG state it leaves is exactly the shuffle index's starting
-   state, and the shuffle index's length is in the plan, so the owner starts the shuffle index on a
-   background thread (the numba kernel releases the GIL) at once.
-3. Sample index: every rank takes a slice of document-index positions, computes its token prefix
-   sums, learns the tokens before its slice from an exscan, and writes the sample rows its slice
-   owns at their row offset.
-4. Owners join their shuffle threads; everyone fsyncs; rank 0 renames the arrays into place and the
-   description last (Megatron's cache-hit test needs all four files, so a reader never sees part of
-   a cache). Then every rank can memory-map the result.
+A *request* is one GPTDataset family (a prefix, its split, samples per split); a *job* is one split
+of one request, i.e. one cache entry. A blend of 1000 prefixes is 1000 requests and up to 3000
+jobs, built by the same four steps as a single prefix:
+
+1. Plan (every rank, identically): the sequence ranges of every request are cut into intervals,
+   the intervals of all datasets are laid end to end and cut evenly over the ranks; each rank sums
+   tokens (and finds the longest sequence) in its share and an allgather gives every rank every
+   job's tokens per epoch, hence the same epochs, sample counts and dtypes, hence every file's
+   shape. Work per rank is O(sequences / P), whatever the number of datasets.
+2. Document index: one serial MT19937 Fisher–Yates per job, on the job's owner (jobs spread over
+   ranks by cost, largest first), which also preallocates the job's files. The RNG state it leaves
+   is the shuffle index's starting state and the shuffle index's length is in the plan, so the
+   owner hands the shuffle index to a background thread (the numba kernel releases the GIL) at once.
+3. Sample index: the document indices of all jobs are laid end to end and cut evenly over the
+   ranks, so a large dataset is shared by many ranks and small ones go whole to one. Each rank
+   computes token prefix sums over its pieces; the only piece that needs tokens from other ranks
+   is its first (a job that started on an earlier rank), which one small allgather supplies.
+   Each rank writes the rows its pieces own in place.
+4. Owners join their shuffle threads, fsync, and publish their jobs (arrays first, the description
+   last: Megatron's cache hit needs every file, so a reader never sees part of an entry).
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
-import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,43 +34,66 @@ import numpy as np
 from ..algorithms.gpt_index import (GPTIndexPlan, build_document_index, build_shuffle_index,
                                     document_token_ends, sample_index_rows, sample_rows_in_slice)
 from ..algorithms.permutation import MT19937
-from ..algorithms.splits import split_matrix, split_ranges
-from ..comm import Comm, get_comm
+from ..algorithms.splits import split_ranges
+from ..comm import Comm
 from ..errors import MegacacheError
 from ..formats.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import NpyWriter, load_npy
-from ..fsio import publish, remove_quietly, tmp_path, write_atomic
+from ..fsio import publish_many, remove_quietly, tmp_path
 from .scheduling import even_slice, largest_first
 
-MEGATRON_DEFAULT_SPLIT = "969, 30, 1"
 UINT32_MAX = 2**32 - 1
 
 
-@dataclass
-class GPTBuildConfig:
-    data_path: str                      # the prefix exactly as Megatron is given it (it is hashed)
+@dataclass(frozen=True)
+class GPTSettings:
+    """The GPTDatasetConfig fields shared by every dataset of a build."""
+
     seq_length: int
-    sizes: tuple                        # requested samples per split (train, valid, test); None = one epoch
     tokenizer: dict                     # the tokenizer's unique_identifiers (hashed)
-    split: str = MEGATRON_DEFAULT_SPLIT
     seed: int = 1234
-    cache_dir: str | None = None        # default: Megatron's <prefix>/cache/GPTDataset_indices
+    cache_dir: str | None = None        # None: Megatron's <prefix>/cache/GPTDataset_indices per prefix
     add_extra_token: bool = True
     drop_last_partial_validation: bool = True
 
-    @property
-    def cache_path(self) -> str:
-        return self.cache_dir if self.cache_dir is not None else default_cache_dir(self.data_path)
+    def cache_path(self, data_path: str) -> str:
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir(data_path)
+
+    def validate(self) -> None:
+        if not isinstance(self.seq_length, int) or self.seq_length < 1:
+            raise MegacacheError(f"--seq-length must be a positive integer, got {self.seq_length!r}")
+        if not 0 <= self.seed <= UINT32_MAX:
+            raise MegacacheError(f"--seed {self.seed} is outside numpy's RandomState range [0, 2**32-1]")
+
+
+@dataclass(frozen=True)
+class GPTRequest:
+    """One prefix's GPTDatasets: which splits, cut how, with how many samples each."""
+
+    data_path: str                      # exactly as Megatron is given it (it is hashed)
+    bookends: tuple                     # per split (lo, hi) fractions, None = not built
+    sizes: tuple                        # per split requested samples, None = one epoch
+    split: str | None                   # the split string as hashed (None for per-split blends)
+    hashed_matrix: list | None          # the split matrix as hashed
 
 
 @dataclass
-class SplitResult:
+class GPTJob:
+    """One split of one request: one cache entry."""
+
+    index: int                          # position in the build's job list (the same on every rank)
+    request: int
     name: str
+    data_path: str
     entry: CacheEntry
     plan: GPTIndexPlan
     split_range: tuple[int, int]
-    reused: bool
+    reused: bool = False
+
+    @property
+    def cost(self) -> int:
+        return self.plan.document_index_length + self.plan.shuffle_index_length
 
     @property
     def summary(self) -> str:
@@ -77,84 +105,10 @@ class SplitResult:
                 f"({state})\n    {self.entry.hash}-GPTDataset-{self.name}-*")
 
 
-@dataclass
-class GPTBuildResult:
-    cache_dir: str
-    splits: list[SplitResult]
-    seconds: float
-    ranks: int
-    phases: dict[str, float] = field(default_factory=dict)
+GPT_ARRAYS = ("document_index.npy", "sample_index.npy", "shuffle_index.npy")
 
 
-def megatron_split_sizes(train_samples: int | None = None, train_iters: int | None = None,
-                         global_batch_size: int | None = None, eval_iters: int = 100,
-                         eval_interval: int = 1000, full_validation: bool = False) -> tuple:
-    """Samples per split as Megatron-LM's training loop asks for them."""
-    if train_samples is None and train_iters is None:
-        raise MegacacheError("give --train-samples, or --train-iters with --global-batch-size")
-    needs_gbs = train_samples is None or eval_iters
-    if needs_gbs and not global_batch_size:
-        raise MegacacheError("--global-batch-size is needed to turn iterations into samples")
-    if train_iters is None:  # Megatron derives the iterations from the samples
-        train_iters = train_samples // global_batch_size
-    train = train_samples if train_samples is not None else train_iters * global_batch_size
-    gbs = global_batch_size or 0
-    valid = None if full_validation else (train_iters // eval_interval + 1) * eval_iters * gbs
-    return (train, valid, eval_iters * gbs)
-
-
-def _validate(cfg: GPTBuildConfig) -> None:
-    if not isinstance(cfg.seq_length, int) or cfg.seq_length < 1:
-        raise MegacacheError(f"--seq-length must be a positive integer, got {cfg.seq_length!r}")
-    if not 0 <= cfg.seed <= UINT32_MAX:
-        raise MegacacheError(f"--seed {cfg.seed} is outside numpy's RandomState range [0, 2**32-1]")
-    if len(cfg.sizes) != 3:
-        raise MegacacheError(f"sizes must give train, valid and test, got {cfg.sizes!r}")
-    for name, n in zip(SPLIT_NAMES, cfg.sizes):
-        if n is not None and n < 0:
-            raise MegacacheError(f"the {name} sample count is negative ({n})")
-
-
-def _plan(cfg: GPTBuildConfig, ds: IndexedDataset, comm: Comm) -> list[tuple[str, tuple, GPTIndexPlan]]:
-    """Per non-None split: (name, range, plan). Tokens per split are summed in slices over ranks."""
-    lengths = ds.sequence_lengths
-    n = len(lengths)
-    if n == 0:
-        raise MegacacheError(f"{cfg.data_path}: the dataset has no sequences; there is nothing to sample")
-    matrix = split_matrix(cfg.split)
-    ranges = split_ranges(matrix, n)
-    a, b = even_slice(n, comm.rank, comm.size)
-    mine = np.asarray(lengths[a:b], dtype=np.int64)
-    partial = [int(mine[max(r[0], a) - a : max(min(r[1], b), a) - a].sum()) if r else 0 for r in ranges]
-    gathered = comm.allgather((partial, int(mine.max()) if len(mine) else 0))
-    tokens = [sum(g[0][i] for g in gathered) for i in range(3)]
-    longest = max(g[1] for g in gathered)
-
-    plans = []
-    for i, (name, rng) in enumerate(zip(SPLIT_NAMES, ranges)):
-        if rng is None:
-            continue
-        size = cfg.sizes[i]
-        if rng[0] == rng[1] and size is not None and (size > 0 or cfg.add_extra_token):
-            raise MegacacheError(
-                f"the {name} split is empty ({cfg.split!r} of {n} sequences rounds to [{rng[0]}, {rng[1]})) "
-                f"but {size} samples are requested from it; megatron-core would loop forever. "
-                f"Change --split, or request no {name} samples"
-            )
-        drop_last = cfg.drop_last_partial_validation if name == "valid" else True
-        plan = GPTIndexPlan.from_counts(rng[1] - rng[0], tokens[i], longest, size, cfg.seq_length,
-                                        int(cfg.add_extra_token), drop_last)
-        plans.append((name, rng, plan))
-    return plans
-
-
-def _entry(cfg: GPTBuildConfig, name: str, plan: GPTIndexPlan) -> CacheEntry:
-    ids = gpt_identifiers(cfg.data_path, plan.requested_samples, name, cfg.seed, cfg.seq_length, cfg.split,
-                          [list(b) if b is not None else None for b in split_matrix(cfg.split)], cfg.tokenizer)
-    return CacheEntry(cfg.cache_path, ids)
-
-
-def _shapes(plan: GPTIndexPlan) -> dict[str, tuple[np.dtype, tuple]]:
+def array_shapes(plan: GPTIndexPlan) -> dict[str, tuple[np.dtype, tuple]]:
     return {
         "document_index.npy": (np.dtype(np.int32), (plan.document_index_length,)),
         "sample_index.npy": (np.dtype(plan.sample_index_dtype), plan.sample_index_shape),
@@ -162,141 +116,243 @@ def _shapes(plan: GPTIndexPlan) -> dict[str, tuple[np.dtype, tuple]]:
     }
 
 
-def build_gpt(cfg: GPTBuildConfig, comm: Comm | None = None) -> GPTBuildResult:
-    comm = comm or get_comm()
-    t0 = time.monotonic()
-    phases: dict[str, float] = {}
-
-    def mark(phase: str, since: float) -> float:
-        now = time.monotonic()
-        phases[phase] = now - since
-        return now
-
-    _validate(cfg)
-    ds = IndexedDataset(cfg.data_path)
-    planned = _plan(cfg, ds, comm)
-    results = []
-    todo = []
-    for name, rng, plan in planned:
-        entry = _entry(cfg, name, plan)
-        reused = comm.on_root(entry.exists, "looking for an existing cache")
-        results.append(SplitResult(name, entry, plan, rng, reused))
-        if not reused:
-            todo.append(results[-1])
-    t = mark("plan", t0)
-
-    tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
-    tmp = {(s.name, what): tmp_path(s.entry.path(what), tag) for s in todo for what in _shapes(s.plan)}
-
-    def preallocate() -> None:
-        os.makedirs(cfg.cache_path, exist_ok=True)
-        for s in todo:
-            for what, (dtype, shape) in _shapes(s.plan).items():
-                NpyWriter.create(tmp[s.name, what], dtype, shape)
-
-    try:
-        comm.on_root(preallocate, "preallocating the cache files")
-        _build_splits(cfg, ds, todo, tmp, comm, phases)
-        t = time.monotonic()
-
-        def publish_cache() -> None:
-            for s in todo:
-                for what in _shapes(s.plan):
-                    publish(tmp[s.name, what], s.entry.path(what))
-                # The description last: Megatron's cache hit needs all four files.
-                write_atomic(s.entry.path("description.txt"), s.entry.description.encode("utf-8"))
-
-        comm.on_root(publish_cache, "publishing the cache")
-        mark("publish", t)
-    finally:
-        if comm.rank == 0:
-            for path in tmp.values():
-                remove_quietly(path)
-    return GPTBuildResult(cfg.cache_path, results, time.monotonic() - t0, comm.size, phases)
+# ---------------------------------------------------------------------------------------------
+# Plan
 
 
-def _build_splits(cfg: GPTBuildConfig, ds: IndexedDataset, todo: list[SplitResult], tmp: dict,
-                  comm: Comm, phases: dict[str, float]) -> None:
-    owners = largest_first([s.plan.document_index_length + s.plan.shuffle_index_length for s in todo], comm.size)
-    threads: list[threading.Thread] = []
-    thread_errors: list[BaseException] = []
-
-    def shuffle_in_background(s: SplitResult, state: MT19937) -> None:
-        try:
-            out = np.lib.format.open_memmap(tmp[s.name, "shuffle_index.npy"], mode="r+")
-            build_shuffle_index(s.plan.num_samples, s.plan.shuffle_first_range, s.plan.shuffle_index_dtype,
-                                state, out=out)
-            out.flush()
-            del out
-        except BaseException as exc:  # reported at the final check
-            thread_errors.append(exc)
-
-    t = time.monotonic()
+def open_datasets(prefixes, comm: Comm) -> dict[str, IndexedDataset]:
+    """Every distinct prefix opened (memory-mapped) on every rank; errors agreed collectively."""
+    datasets: dict[str, IndexedDataset] = {}
     error = None
     try:
-        for s, owner in zip(todo, owners):
-            if owner != comm.rank:
+        for prefix in dict.fromkeys(prefixes):
+            datasets[prefix] = IndexedDataset(prefix)
+            if len(datasets[prefix]) == 0:
+                raise MegacacheError(f"{prefix}: the dataset has no sequences; there is nothing to sample")
+    except Exception as exc:
+        error = exc
+    comm.check(error, "opening the datasets")
+    return datasets
+
+
+def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[int]],
+                    comm: Comm) -> dict[tuple[str, int], tuple[int, int]]:
+    """``(tokens, longest sequence)`` of every interval ``[cuts[p][i], cuts[p][i+1])``, keyed by
+    ``(p, cuts[p][i])``. The intervals of all datasets, end to end, are cut evenly over ranks."""
+    keys, lows, highs = [], [], []
+    for prefix, c in cuts.items():
+        for lo, hi in zip(c[:-1], c[1:]):
+            keys.append((prefix, lo))
+            lows.append(lo)
+            highs.append(hi)
+    sizes = np.array(highs, dtype=np.int64) - np.array(lows, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])
+    g0, g1 = even_slice(int(starts[-1]), comm.rank, comm.size)
+    mine = []
+    error = None
+    try:
+        first = int(np.searchsorted(starts, g0, side="right")) - 1
+        for i in range(max(first, 0), len(keys)):
+            if starts[i] >= g1:
+                break
+            a, b = max(g0, int(starts[i])) - int(starts[i]), min(g1, int(starts[i + 1])) - int(starts[i])
+            if a >= b:
                 continue
-            state = MT19937.from_seed(cfg.seed)
-            out = np.lib.format.open_memmap(tmp[s.name, "document_index.npy"], mode="r+")
-            build_document_index(np.arange(*s.split_range, dtype=np.int32), s.plan.num_epochs,
-                                 s.plan.separate_final_epoch, state, out=out)
-            out.flush()
-            del out
-            th = threading.Thread(target=shuffle_in_background, args=(s, state), name=f"shuffle-{s.name}")
-            th.start()
-            threads.append(th)
+            lengths = datasets[keys[i][0]].sequence_lengths[lows[i] + a: lows[i] + b]
+            mine.append((i, int(np.sum(lengths, dtype=np.int64)), int(lengths.max())))
     except Exception as exc:
         error = exc
-    comm.check(error, "building the document index")
-    phases["document_index"] = time.monotonic() - t
-
-    # Sample index. Collectives never sit behind fallible local work: a rank that failed would skip
-    # them and pair the others' collectives with the wrong calls. So: local sums, agreement, one
-    # exscan for every split at once, then the rows.
-    t = time.monotonic()
-    error = None
-    slices = []
-    try:
-        for s in todo:
-            slices.append(_slice_token_ends(s, ds.sequence_lengths, tmp[s.name, "document_index.npy"], comm))
-    except Exception as exc:
-        error = exc
-    comm.check(error, "summing tokens for the sample index")
-    starts = comm.exscan(np.array([int(ends[-1]) if len(ends) else 0 for _, _, ends in slices], dtype=np.int64))
-    try:
-        for s, (p0, p1, ends), start in zip(todo, slices, starts.tolist()):
-            _write_sample_rows(s, p0, p1, ends, start, tmp[s.name, "sample_index.npy"], comm)
-    except Exception as exc:
-        error = exc
-    phases["sample_index"] = time.monotonic() - t
-
-    t = time.monotonic()
-    for th in threads:
-        th.join()
-    if thread_errors and error is None:
-        error = thread_errors[0]
-    phases["shuffle_index_wait"] = time.monotonic() - t
-    comm.check(error, "building the sample and shuffle indices")
+    comm.check(error, "summing tokens per split")
+    stats = {key: (0, 0) for key in keys}
+    for part in comm.allgather(mine):
+        for i, tokens, longest in part:
+            t, m = stats[keys[i]]
+            stats[keys[i]] = (t + tokens, max(m, longest))
+    return stats
 
 
-def _slice_token_ends(s: SplitResult, sizes: np.ndarray, doc_path: str, comm: Comm) -> tuple:
-    """This rank's slice of document-index positions and its token prefix sums (from 0)."""
-    p0, p1 = even_slice(s.plan.document_index_length, comm.rank, comm.size)
-    return p0, p1, document_token_ends(sizes, load_npy(doc_path)[p0:p1])
+def plan_jobs(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[str, IndexedDataset],
+              comm: Comm) -> list[GPTJob]:
+    """Every request's non-None splits as jobs with their plans (identical on every rank), in
+    request order then split order; whether each entry exists already is decided on rank 0."""
+    ranges = []
+    cuts: dict[str, set[int]] = {}
+    for r in requests:
+        n = len(datasets[r.data_path])
+        rr = split_ranges(list(r.bookends), n)
+        ranges.append(rr)
+        cuts.setdefault(r.data_path, {0, n}).update(x for rng in rr if rng is not None for x in rng)
+    sorted_cuts = {p: sorted(c) for p, c in cuts.items()}
+    stats = _interval_stats(datasets, sorted_cuts, comm)
+
+    jobs = []
+    for k, (r, rr) in enumerate(zip(requests, ranges)):
+        c = sorted_cuts[r.data_path]
+        longest = max(stats[r.data_path, lo][1] for lo in c[:-1])
+        for i, (name, rng) in enumerate(zip(SPLIT_NAMES, rr)):
+            if rng is None:
+                continue
+            tokens = sum(stats[r.data_path, lo][0] for lo in c[:-1] if rng[0] <= lo < rng[1])
+            size = r.sizes[i]
+            if tokens == 0 and size is not None and (size > 0 or settings.add_extra_token):
+                what = "empty" if rng[0] == rng[1] else "made of empty sequences"
+                raise MegacacheError(
+                    f"{r.data_path}: the {name} split is {what} ({r.split!r} of {len(datasets[r.data_path])} "
+                    f"sequences gives [{rng[0]}, {rng[1]})) but {size} samples are requested from it; "
+                    f"megatron-core would loop forever. Change --split, or request no {name} samples")
+            drop_last = settings.drop_last_partial_validation if name == "valid" else True
+            try:
+                plan = GPTIndexPlan.from_counts(rng[1] - rng[0], tokens, longest, size, settings.seq_length,
+                                                int(settings.add_extra_token), drop_last)
+            except MegacacheError as exc:
+                raise MegacacheError(f"{r.data_path}, {name} split: {exc}") from None
+            ids = gpt_identifiers(r.data_path, plan.requested_samples, name, settings.seed, settings.seq_length,
+                                  r.split, r.hashed_matrix, settings.tokenizer)
+            jobs.append(GPTJob(len(jobs), k, name, r.data_path, CacheEntry(settings.cache_path(r.data_path), ids), plan, rng))
+    return jobs
 
 
-def _write_sample_rows(s: SplitResult, p0: int, p1: int, ends: np.ndarray, start: int, sample_path: str,
-                       comm: Comm) -> None:
-    """The sample-index rows this rank's slice owns, written at their row offset."""
-    plan = s.plan
-    if plan.document_index_length == 0 and comm.rank != comm.size - 1:
-        return  # an empty document index: its single row belongs to the last rank alone
-    total = int(ends[-1]) if len(ends) else 0
-    ends += start
-    k0, k1 = sample_rows_in_slice(plan, p0, p1, start, start + total)
-    if k1 > k0:
-        rows = sample_index_rows(plan, ends, start, p0, k0, k1)
-        with NpyWriter(sample_path, plan.sample_index_dtype, plan.sample_index_shape) as w:
-            w.write_rows(k0, rows)
-            w.fsync()
+# ---------------------------------------------------------------------------------------------
+# Build
+
+
+class GPTBuild:
+    """The jobs still to build, their temporary files, and who owns which."""
+
+    def __init__(self, jobs: list[GPTJob], datasets: dict[str, IndexedDataset], settings: GPTSettings,
+                 comm: Comm, tag: str):
+        self.todo = [j for j in jobs if not j.reused]
+        self.datasets, self.settings, self.comm = datasets, settings, comm
+        self.owners = largest_first([j.cost for j in self.todo], comm.size)
+        self.mine = [j for j, o in zip(self.todo, self.owners) if o == comm.rank]
+        self.tmp = {(j.index, what): tmp_path(j.entry.path(what), tag) for j in self.todo
+                    for what in (*GPT_ARRAYS, "description.txt")}
+
+    def build(self, phases: dict[str, float]) -> None:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="shuffle-index") as pool:
+            t = time.monotonic()
+            futures: list[Future] = []
+            error = None
+            try:
+                for job in self.mine:
+                    futures.append(self._document_index(job, pool))
+            except Exception as exc:
+                error = exc
+            self.comm.check(error, "building the document indices")
+            phases["document_index"] = time.monotonic() - t
+
+            t = time.monotonic()
+            self._sample_index()
+            phases["sample_index"] = time.monotonic() - t
+
+            t = time.monotonic()
+            error = None
+            try:
+                for f in futures:
+                    f.result()
+            except Exception as exc:
+                error = exc
+            phases["shuffle_index_wait"] = time.monotonic() - t
+        self.comm.check(error, "building the shuffle indices")
+
+    def _document_index(self, job: GPTJob, pool: ThreadPoolExecutor) -> Future:
+        """Preallocate the job's files, shuffle its document index here and hand its shuffle
+        index to the pool."""
+        for what, (dtype, shape) in array_shapes(job.plan).items():
+            NpyWriter.create(self.tmp[job.index, what], dtype, shape)
+        state = MT19937.from_seed(self.settings.seed)
+        out = np.lib.format.open_memmap(self.tmp[job.index, "document_index.npy"], mode="r+")
+        build_document_index(np.arange(*job.split_range, dtype=np.int32), job.plan.num_epochs,
+                             job.plan.separate_final_epoch, state, out=out)
+        out.flush()
+        del out
+        return pool.submit(self._shuffle_index, job, state)
+
+    def _shuffle_index(self, job: GPTJob, state: MT19937) -> None:
+        out = np.lib.format.open_memmap(self.tmp[job.index, "shuffle_index.npy"], mode="r+")
+        p = job.plan
+        build_shuffle_index(p.num_samples, p.shuffle_first_range, p.shuffle_index_dtype, state, out=out)
+        out.flush()
+
+    def _pieces(self) -> list[tuple[GPTJob, int, int]]:
+        """This rank's ``(job, p0, p1)`` pieces of the jobs' document indices laid end to end."""
+        lengths = np.array([j.plan.document_index_length for j in self.todo], dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(lengths)])
+        total = int(starts[-1])
+        g0, g1 = even_slice(total, self.comm.rank, self.comm.size)
+        bounds = np.array([even_slice(total, r, self.comm.size)[0] for r in range(self.comm.size)])
+        pieces = []
+        for job, s, n in zip(self.todo, starts.tolist(), lengths.tolist()):
+            if n == 0:
+                # An empty document index still has its one sample-index row: exactly one rank writes it.
+                if int(np.searchsorted(bounds, s, side="right")) - 1 == self.comm.rank:
+                    pieces.append((job, 0, 0))
+            elif s < g1 and s + n > g0:
+                pieces.append((job, max(g0, s) - s, min(g1, s + n) - s))
+        return pieces
+
+    def _sample_index(self) -> None:
+        # Collectives never sit behind fallible local work: a rank that failed would skip them and
+        # pair the others' collectives with the wrong calls. So: local sums, agreement, one
+        # allgather, then the rows.
+        comm = self.comm
+        error = None
+        sums = []
+        pieces = self._pieces()
+        try:
+            for job, p0, p1 in pieces:
+                document_index = load_npy(self.tmp[job.index, "document_index.npy"])[p0:p1]
+                sums.append(document_token_ends(self.datasets[job.data_path].sequence_lengths, document_index))
+        except Exception as exc:
+            error = exc
+        comm.check(error, "summing tokens for the sample indices")
+        # Tokens before this rank's first piece: the pieces of the same job on lower ranks, each of
+        # which is that rank's last piece.
+        last = (pieces[-1][0].index, int(sums[-1][-1]) if len(sums[-1]) else 0) if pieces else None
+        before = 0
+        for r, item in enumerate(comm.allgather(last)[: comm.rank]):
+            if item is not None and pieces and item[0] == pieces[0][0].index:
+                before += item[1]
+        try:
+            for n, ((job, p0, p1), ends) in enumerate(zip(pieces, sums)):
+                self._write_sample_rows(job, p0, p1, ends, before if n == 0 else 0)
+        except Exception as exc:
+            error = exc
+        comm.check(error, "writing the sample indices")
+
+    def _write_sample_rows(self, job: GPTJob, p0: int, p1: int, ends: np.ndarray, start: int) -> None:
+        plan = job.plan
+        total = int(ends[-1]) if len(ends) else 0
+        ends += start
+        k0, k1 = sample_rows_in_slice(plan, p0, p1, start, start + total)
+        if k1 > k0:
+            rows = sample_index_rows(plan, ends, start, p0, k0, k1)
+            with NpyWriter(self.tmp[job.index, "sample_index.npy"], plan.sample_index_dtype,
+                           plan.sample_index_shape) as w:
+                w.write_rows(k0, rows)
+                w.fsync()
+
+    def publish(self) -> None:
+        """This rank's jobs into place: every array, then every description."""
+        for job in self.mine:
+            with open(self.tmp[job.index, "description.txt"], "wb") as f:
+                f.write(job.entry.description.encode("utf-8"))
+        publish_many([(self.tmp[j.index, what], j.entry.path(what)) for j in self.mine for what in GPT_ARRAYS])
+        publish_many([(self.tmp[j.index, "description.txt"], j.entry.path("description.txt")) for j in self.mine])
+
+    def discard(self) -> None:
+        """Remove this rank's temporary files (after a failure, or what publishing left)."""
+        for job in self.mine:
+            for what in (*GPT_ARRAYS, "description.txt"):
+                remove_quietly(self.tmp[job.index, what])
+
+
+@dataclass
+class PhaseTimer:
+    phases: dict[str, float] = field(default_factory=dict)
+    since: float = field(default_factory=time.monotonic)
+
+    def mark(self, phase: str) -> None:
+        now = time.monotonic()
+        self.phases[phase] = self.phases.get(phase, 0.0) + now - self.since
+        self.since = now

@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 GPT_FILES = ("description.txt", "document_index.npy", "sample_index.npy", "shuffle_index.npy")
@@ -55,11 +56,11 @@ class CacheEntry:
     directory: str
     identifiers: dict[str, Any]
 
-    @property
+    @cached_property
     def description(self) -> str:
         return describe(self.identifiers)
 
-    @property
+    @cached_property
     def hash(self) -> str:
         return description_hash(self.description)
 

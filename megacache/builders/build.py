@@ -1,0 +1,409 @@
+"""``megacache build``: every cache megatron-core 0.16.1's BlendedMegatronDatasetBuilder would
+write for a configuration (one prefix, a weighted or unweighted blend, per-split blends), built by
+all ranks together.
+
+Order of work, chosen so that nothing is wasted and nothing partial is visible:
+
+1. Plan: parse and check the data flags, open every prefix, plan every GPTDataset job
+   (``gpt.plan_jobs``) and every blend (sizes, weights as Megatron derives them), and ask rank 0
+   which entries exist already.
+2. Blends first: a blend needs only its weights and size (and, unweighted, its children's lengths,
+   which the plan knows), so it runs before the children; Megatron's oversampling error then comes
+   before the expensive work. A long blend is cut into one chunk per rank, each started from a
+   guessed state and repaired in order (``algorithms.blend``), exact by construction; a short one
+   runs whole on one rank.
+3. The GPTDataset jobs (``gpt.GPTBuild``).
+4. Publish: every GPT entry, then the blends (a blend appears only after all its children).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..algorithms.blend import (DEFAULT_SURPLUS, DEFAULT_WARMUP, blend_chunk, blend_split_sizes,
+                                build_exhaustive_blending_indices, find_oversampling,
+                                first_unconfirmed_chunk, guess_counts, normalize, repair_chunk,
+                                unweighted_blend_size)
+from ..algorithms.splits import split_matrix
+from ..blendspec import Blend
+from ..comm import Comm, get_comm
+from ..errors import MegacacheError
+from ..formats.cache import SPLIT_NAMES, CacheEntry, blend_identifiers
+from ..formats.npy import NpyWriter
+from ..fsio import publish_many, remove_quietly, tmp_path
+from .gpt import GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, open_datasets, plan_jobs
+from .scheduling import even_slice, largest_first
+
+MEGATRON_DEFAULT_SPLIT = "969, 30, 1"
+BLEND_ARRAYS = ("dataset_index.npy", "dataset_sample_index.npy")
+
+
+@dataclass
+class BuildConfig:
+    """What Megatron-LM's training arguments say about the data (field names as its flags)."""
+
+    seq_length: int
+    sizes: tuple                        # requested samples (train, valid, test); None = one epoch
+    tokenizer: dict                     # the tokenizer's unique_identifiers (hashed)
+    blend: Blend | None = None          # --data-path / --data-args-path
+    blend_per_split: list | None = None  # --train/valid/test-data-path / --per-split-data-args-path
+    split: str | None = MEGATRON_DEFAULT_SPLIT
+    seed: int = 1234
+    cache_dir: str | None = None        # --data-cache-path
+    add_extra_token: bool = True
+    drop_last_partial_validation: bool = True
+    surplus: float = DEFAULT_SURPLUS    # mid_level_dataset_surplus
+    #: a blend is cut over ranks only when each rank's chunk is at least this long
+    blend_min_chunk: int = 4 * DEFAULT_WARMUP
+    #: greedy steps each chunk's guessed start state is run for
+    blend_warmup: int = DEFAULT_WARMUP
+
+    @classmethod
+    def for_prefix(cls, data_path: str, **fields) -> "BuildConfig":
+        """One prefix without a weight: plain GPTDatasets, as ``--data-path PREFIX``."""
+        return cls(blend=Blend((data_path,)), **fields)
+
+    @property
+    def settings(self) -> GPTSettings:
+        return GPTSettings(self.seq_length, self.tokenizer, self.seed, self.cache_dir, self.add_extra_token,
+                           self.drop_last_partial_validation)
+
+
+@dataclass
+class BlendJob:
+    """One BlendedDataset split: one cache entry."""
+
+    index: int
+    name: str
+    entry: CacheEntry
+    children: list[GPTJob]
+    size: int                           # samples
+    weights: np.ndarray | None          # the kernel's weights; None: exhaustive over ``lengths``
+    lengths: np.ndarray                 # the children's lengths (samples)
+    reused: bool = False
+    counts: np.ndarray | None = None    # samples taken from each child, once blended
+    chunks: int = 1                     # ranks that blended it
+    recomputed: int = 0                 # samples recomputed by repairs of wrong chunk guesses
+
+    @property
+    def summary(self) -> str:
+        state = "existing cache reused" if self.reused else "built"
+        kind = "exhaustive" if self.weights is None else "weighted"
+        return (f"  {self.name} blend: {len(self.children)} datasets, {self.size:,} samples, {kind} "
+                f"({state})\n    {self.entry.hash}-BlendedDataset-{self.name}-*")
+
+
+@dataclass
+class BuildResult:
+    gpt: list[GPTJob]
+    blends: list[BlendJob]
+    seconds: float
+    ranks: int
+    phases: dict[str, float] = field(default_factory=dict)
+
+
+def megatron_split_sizes(train_samples: int | None = None, train_iters: int | None = None,
+                         global_batch_size: int | None = None, eval_iters: int = 100,
+                         eval_interval: int = 1000, full_validation: bool = False) -> tuple:
+    """Samples per split as Megatron-LM's training loop asks for them."""
+    if train_samples is None and train_iters is None:
+        raise MegacacheError("give --train-samples, or --train-iters with --global-batch-size")
+    needs_gbs = train_samples is None or eval_iters
+    if needs_gbs and not global_batch_size:
+        raise MegacacheError("--global-batch-size is needed to turn iterations into samples")
+    if train_iters is None:  # Megatron derives the iterations from the samples
+        train_iters = train_samples // global_batch_size
+    train = train_samples if train_samples is not None else train_iters * global_batch_size
+    gbs = global_batch_size or 0
+    valid = None if full_validation else (train_iters // eval_interval + 1) * eval_iters * gbs
+    return (train, valid, eval_iters * gbs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plan
+
+
+def _check_sizes(cfg: BuildConfig) -> None:
+    if len(cfg.sizes) != 3:
+        raise MegacacheError(f"sizes must give train, valid and test, got {cfg.sizes!r}")
+    for name, n in zip(SPLIT_NAMES, cfg.sizes):
+        if n is not None and (not isinstance(n, (int, np.integer)) or n < 0):
+            raise MegacacheError(f"the {name} sample count must be a non-negative integer, got {n!r}")
+    if not (0 <= cfg.surplus < 1e6) or cfg.surplus != cfg.surplus:
+        raise MegacacheError(f"mid_level_dataset_surplus must be >= 0, got {cfg.surplus!r}")
+
+
+def _plan_requests(cfg: BuildConfig) -> tuple[list[GPTRequest], list[tuple]]:
+    """The GPTDataset requests and, per blended split, ``(split i, blend, request ids, targets)``
+    where targets are the per-dataset target sizes (weighted) or None."""
+    if (cfg.blend is None) == (cfg.blend_per_split is None):
+        raise MegacacheError("give the data as one blend (--data-path) or per split (--train-data-path, ...)")
+    requests: list[GPTRequest] = []
+    blends: list[tuple] = []
+
+    def add_blend(blend: Blend, bookends: tuple, sizes: tuple, split: str | None, hashed, splits) -> None:
+        for i in splits:
+            if sizes[i] is None and blend.weights is not None:
+                raise MegacacheError(
+                    f"the {SPLIT_NAMES[i]} split has weights but no sample count (full validation?): "
+                    f"megatron-core asserts that splits without a size have no weights. Drop the weights "
+                    f"or give the split a size")
+        if blend.weights is None:
+            per_dataset = [(None, None, None)] * len(blend.prefixes)
+            targets = None
+        else:
+            w = normalize(blend.weights)
+            bs = blend_split_sizes(w, [0 if s is None else s for s in sizes], cfg.surplus)
+            per_dataset = [tuple(int(v) for v in row) for row in bs.per_dataset]
+            targets = bs
+        first = len(requests)
+        for prefix, per in zip(blend.prefixes, per_dataset):
+            requests.append(GPTRequest(prefix, bookends, per, split, hashed))
+        for i in splits:
+            blends.append((i, blend, list(range(first, len(requests))), targets))
+
+    if cfg.blend is not None:
+        matrix = split_matrix(cfg.split)
+        hashed = [list(b) if b is not None else None for b in matrix]
+        built = [i for i in range(3) if matrix[i] is not None]
+        if cfg.blend.is_single:
+            requests.append(GPTRequest(cfg.blend.prefixes[0], tuple(matrix), tuple(cfg.sizes), cfg.split, hashed))
+        else:
+            add_blend(cfg.blend, tuple(matrix), tuple(cfg.sizes), cfg.split, hashed, built)
+        return requests, blends
+
+    if cfg.split not in (None, MEGATRON_DEFAULT_SPLIT):
+        raise MegacacheError("--split does not apply to per-split data paths (megatron-core asserts)")
+    if len(cfg.blend_per_split) != 3 or not any(cfg.blend_per_split):
+        raise MegacacheError("per-split data needs a blend (or None) for each of train, valid and test")
+    for i, blend in enumerate(cfg.blend_per_split):
+        if blend is None:
+            continue
+        # Megatron builds each split in isolation: the whole prefix as split i, zero samples elsewhere.
+        bookends = tuple((0.0, 1.0) if j == i else None for j in range(3))
+        sizes = tuple(cfg.sizes[i] if j == i else 0 for j in range(3))
+        if len(blend.prefixes) == 1:  # even with a weight: straight to a GPTDataset
+            requests.append(GPTRequest(blend.prefixes[0], bookends, sizes, None, None))
+        else:
+            add_blend(blend, bookends, sizes, None, None, [i])
+    return requests, blends
+
+
+def _blend_jobs(cfg: BuildConfig, blends: list[tuple], jobs: list[GPTJob]) -> list[BlendJob]:
+    by_request = {(j.request, j.name): j for j in jobs}
+    out = []
+    for i, blend, request_ids, targets in blends:
+        name = SPLIT_NAMES[i]
+        children = [by_request[r, name] for r in request_ids]
+        lengths = np.array([c.plan.num_samples for c in children], dtype=np.int64)
+        if targets is not None:
+            size = int(targets.blend[i])
+            # BlendedDataset normalizes the (already normalized) weights once more.
+            weights = normalize(normalize(blend.weights))
+            described = weights.tolist()
+        else:
+            empty = np.flatnonzero(lengths == 0)
+            if len(empty):
+                c = children[int(empty[0])]
+                raise MegacacheError(
+                    f"{c.data_path}: its {name} split has no samples, so it gets weight 0 in this unweighted "
+                    f"blend, which megatron-core rejects. Drop the prefix or give weights")
+            size = unweighted_blend_size(cfg.sizes[i], lengths)
+            if size is None:
+                weights, described = None, lengths.tolist()
+            else:
+                weights = normalize(lengths)
+                described = weights.tolist()
+        ids = blend_identifiers([c.entry.identifiers for c in children], name, described, size)
+        out.append(BlendJob(len(out), name, CacheEntry(cfg.cache_dir, ids), children,
+                            int(lengths.sum()) if size is None else size, weights, lengths))
+    return out
+
+
+def _check_dtypes(datasets: dict) -> None:
+    dtypes: dict = {}
+    for prefix, ds in datasets.items():
+        dtypes.setdefault(np.dtype(ds.dtype), prefix)
+    if len(dtypes) > 1:
+        shown = ", ".join(f"{p} holds {d}" for d, p in dtypes.items())
+        raise MegacacheError(f"the blended datasets have different token dtypes ({shown}); tokenize them with "
+                             f"one tokenizer (one vocabulary) before blending")
+
+
+# ---------------------------------------------------------------------------------------------
+# Blending
+
+
+class Blending:
+    """The blends to compute: each either chunked over all ranks or whole on one owner."""
+
+    def __init__(self, todo: list[BlendJob], cfg: BuildConfig, comm: Comm, tag: str):
+        self.todo, self.cfg, self.comm = todo, cfg, comm
+        self.tmp = {(b.index, what): tmp_path(b.entry.path(what), tag) for b in todo
+                    for what in (*BLEND_ARRAYS, "description.txt")}
+        self.chunked = [b for b in todo if b.weights is not None and comm.size > 1
+                        and b.size // comm.size >= cfg.blend_min_chunk]
+        whole = [b for b in todo if b not in self.chunked]
+        self.owners = dict(zip((b.index for b in whole), largest_first([b.size for b in whole], comm.size)))
+
+    def run(self) -> None:
+        comm = self.comm
+
+        def preallocate() -> None:
+            os.makedirs(self.cfg.cache_dir, exist_ok=True)
+            for b in self.todo:
+                NpyWriter.create(self.tmp[b.index, "dataset_index.npy"], np.int16, (b.size,))
+                NpyWriter.create(self.tmp[b.index, "dataset_sample_index.npy"], np.int64, (b.size,))
+
+        if self.todo:
+            comm.on_root(preallocate, "preallocating the blend files")
+        error = None
+        counts: dict[int, np.ndarray] = {}
+        speculated: dict[int, tuple] = {}
+        try:
+            for b in self.todo:
+                if self.owners.get(b.index) == comm.rank:
+                    counts[b.index] = self._whole(b)
+            for b in self.chunked:
+                speculated[b.index] = self._speculate(b)
+        except Exception as exc:
+            error = exc
+        comm.check(error, "blending")
+        for b in self.chunked:
+            counts[b.index] = self._repair(b, speculated[b.index])
+        for part in comm.allgather({k: v for k, v in counts.items() if self.owners.get(k) == comm.rank}):
+            counts.update(part)
+        for b in self.todo:
+            b.counts = counts[b.index]
+
+    def _outputs(self, b: BlendJob) -> tuple[np.ndarray, np.ndarray]:
+        return (np.lib.format.open_memmap(self.tmp[b.index, "dataset_index.npy"], mode="r+"),
+                np.lib.format.open_memmap(self.tmp[b.index, "dataset_sample_index.npy"], mode="r+"))
+
+    def _whole(self, b: BlendJob) -> np.ndarray:
+        idx, sidx = self._outputs(b)
+        if b.weights is None:
+            i, s = build_exhaustive_blending_indices(b.lengths)
+            idx[:], sidx[:] = i, s
+            counts = b.lengths.copy()
+        else:
+            counts = blend_chunk(b.weights, 0, None, idx, sidx)
+        idx.flush()
+        sidx.flush()
+        return counts
+
+    def _chunk(self, b: BlendJob) -> tuple[int, int]:
+        return even_slice(b.size, self.comm.rank, self.comm.size)
+
+    def _speculate(self, b: BlendJob) -> tuple[np.ndarray, np.ndarray]:
+        s0, s1 = self._chunk(b)
+        idx, sidx = self._outputs(b)
+        guess = guess_counts(b.weights, s0, self.cfg.blend_warmup)
+        end = blend_chunk(b.weights, s0, guess, idx[s0:s1], sidx[s0:s1])
+        idx.flush()
+        sidx.flush()
+        return guess, end
+
+    def _repair(self, b: BlendJob, mine: tuple) -> np.ndarray:
+        """Confirm the chunks in order; the first whose guessed start differs from its
+        predecessor's true end recomputes from there (usually only a short stretch)."""
+        comm = self.comm
+        starts, ends = map(list, zip(*comm.allgather(mine)))
+        while (i := first_unconfirmed_chunk(starts, ends)) is not None:
+
+            def repair() -> np.ndarray:
+                s0, s1 = self._chunk(b)
+                idx, sidx = self._outputs(b)
+                fixed = repair_chunk(b.weights, s0, ends[i - 1], starts[i], ends[i], idx[s0:s1], sidx[s0:s1])
+                idx.flush()
+                sidx.flush()
+                return fixed
+
+            ends[i], recomputed = comm.on_root(repair, f"repairing chunk {i} of the {b.name} blend", root=i)
+            starts[i] = ends[i - 1]
+            b.recomputed += recomputed
+        b.chunks = comm.size
+        return ends[-1]
+
+    def check_oversampling(self) -> None:
+        """Megatron's IndexError, as an error naming the dataset, before anything else is built."""
+        for b in self.todo:
+            over = find_oversampling(b.counts, b.lengths)
+            if over:
+                o = over[0]
+                raise MegacacheError(
+                    f"the {b.name} blend takes {o.requested:,} samples from {b.children[o.dataset].data_path} "
+                    f"(dataset {o.dataset}), which has only {o.available:,}"
+                    + (f" ({len(over) - 1} more datasets likewise)" if len(over) > 1 else "")
+                    + "; megatron-core raises IndexError here. Raise mid_level_dataset_surplus "
+                      "(--mid-level-dataset-surplus) or the dataset's weight")
+
+    def publish(self) -> None:
+        for b in self.todo:
+            with open(self.tmp[b.index, "description.txt"], "wb") as f:
+                f.write(b.entry.description.encode("utf-8"))
+        publish_many([(self.tmp[b.index, w], b.entry.path(w)) for b in self.todo for w in BLEND_ARRAYS])
+        publish_many([(self.tmp[b.index, "description.txt"], b.entry.path("description.txt")) for b in self.todo])
+
+    def discard(self) -> None:
+        for path in self.tmp.values():
+            remove_quietly(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Build
+
+
+def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
+    comm = comm or get_comm()
+    t0 = time.monotonic()
+    timer = PhaseTimer()
+    settings = cfg.settings
+    settings.validate()
+    _check_sizes(cfg)
+    requests, blend_specs = _plan_requests(cfg)
+    if blend_specs and cfg.cache_dir is None:
+        raise MegacacheError(
+            "a blend is only cached under --data-cache-path (without it megatron-core rebuilds the blend "
+            "in memory on every rank): give --data-cache-path, and the same to training")
+    datasets = open_datasets([r.data_path for r in requests], comm)
+    if blend_specs:
+        _check_dtypes(datasets)
+    jobs = plan_jobs(requests, settings, datasets, comm)
+    blends = _blend_jobs(cfg, blend_specs, jobs)
+    entries = [j.entry for j in jobs] + [b.entry for b in blends]
+    exists = comm.on_root(lambda: [e.exists() for e in entries], "looking for existing caches")
+    for item, hit in zip([*jobs, *blends], exists):
+        item.reused = hit
+    timer.mark("plan")
+
+    tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
+    blending = Blending([b for b in blends if not b.reused], cfg, comm, tag)
+    gpt = GPTBuild(jobs, datasets, settings, comm, tag)
+    try:
+        blending.run()
+        blending.check_oversampling()
+        timer.mark("blend")
+        directories = sorted({j.entry.directory for j in gpt.todo})
+        comm.on_root(lambda: [os.makedirs(d, exist_ok=True) for d in directories] and None,
+                     "creating the cache directories")
+        gpt.build(timer.phases)
+        timer.since = time.monotonic()
+        error = None
+        try:
+            gpt.publish()
+        except Exception as exc:
+            error = exc
+        comm.check(error, "publishing the GPTDataset caches")
+        comm.on_root(blending.publish, "publishing the blend caches")
+        timer.mark("publish")
+    finally:
+        gpt.discard()
+        if comm.rank == 0:
+            blending.discard()
+    return BuildResult(jobs, blends, time.monotonic() - t0, comm.size, timer.phases)

@@ -1,0 +1,182 @@
+"""megacache build with blends: the cache directory megatron-core 0.16.1's
+BlendedMegatronDatasetBuilder writes (every GPTDataset and BlendedDataset file, byte for byte), on
+random blends, for 1 rank in process and 2-3 ranks under MPI (pytest-mpi).
+
+megatron-core 0.16.1 cannot save a blend without a process group (its BlendedDataset calls
+get_rank unconditionally), so the oracle runs in a one-process gloo group, as a one-GPU torchrun
+would."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import warnings
+
+import numpy as np
+import pytest
+
+from corpus import free_port
+from megacache.blendspec import Blend, parse_blend
+from megacache.builders.build import BuildConfig, build
+from megacache.comm import Comm, SingleComm, get_comm
+from megacache.errors import MegacacheError
+from oracle import load_mcore, write_lengths
+from test_build import NULL_TOKENIZER, cache_files
+
+#: splits whose every non-empty range holds >= 5 % of the sequences
+SPLITS = ["90,5,5", "1,1,1", "7,2,1", "95,5", "100,0,0", "80,20", "60,30,10"]
+
+
+def torch_group() -> None:
+    """A one-process gloo group for the oracle (see the module docstring)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0)
+
+
+def random_weights(rng: np.random.Generator, n: int) -> list[float]:
+    kind = int(rng.integers(0, 5))
+    if kind == 0:
+        return rng.random(n).clip(1e-3).tolist()
+    if kind == 1:
+        return [1.0] * n
+    if kind == 2:
+        return [round(float(v), 1) for v in rng.integers(1, 10, n) / 10]  # decimals like 0.3
+    if kind == 3:
+        return [float(v) for v in rng.integers(1, 6, n)]  # integer ratios 3:1:2
+    return rng.lognormal(0, 2, n).clip(1e-4).tolist()
+
+
+def random_blend_config(rng: np.random.Generator, huge: bool = False) -> dict:
+    n = 2000 if huge else int(rng.choice([2, 2, 3, 4, 5, 8, 12, 24]))
+    datasets = []
+    for _ in range(n):
+        count = int(rng.integers(20, 60)) if n > 100 else int(rng.integers(20, 400))
+        lengths = rng.integers(1, int(rng.choice([8, 64, 400])), count).astype(np.int32)
+        datasets.append(lengths)
+    L = int(rng.choice([1, 4, 16, 50, 128]))
+    scale = 10 ** float(rng.uniform(1, 7 if n <= 5 else 5 if n <= 40 else 3))
+    sizes = [int(scale), int(scale * rng.uniform(0, 0.1)), int(scale * rng.uniform(0, 0.02))]
+    weighted = rng.random() < 0.7
+    per_split = rng.random() < 0.2
+    if not weighted and rng.random() < 0.3:
+        sizes[int(rng.integers(0, 3))] = None  # exhaustive blending for that split
+    return dict(datasets=datasets, weights=random_weights(rng, n) if weighted else None,
+                split="100,0,0" if huge else str(rng.choice(SPLITS)), sizes=sizes, L=L, x=int(rng.integers(0, 2)),
+                seed=int(rng.integers(0, 2**32)), drop_last=bool(rng.integers(0, 2)), per_split=per_split)
+
+
+def words(prefixes: list[str], weights) -> list[str]:
+    if weights is None:
+        return list(prefixes)
+    return [w for pair in zip(map(repr, weights), prefixes) for w in pair]
+
+
+def per_split_blends(c: dict, prefixes: list[str]) -> list:
+    """Per-split data: train takes every prefix, valid the first half, test one prefix (or none)."""
+    half = max(2, len(prefixes) // 2)
+    w = c["weights"]
+    return [(prefixes, w), (prefixes[:half], None if w is None else w[:half]),
+            None if c["sizes"][2] is None else (prefixes[-1:], None if w is None else w[-1:])]
+
+
+def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
+    """megatron-core builds and saves every cache; None, or why it refuses the configuration."""
+    import torch.distributed  # noqa: F401  (the oracle's group, see torch_group)
+
+    common = dict(random_seed=c["seed"], sequence_length=c["L"], tokenizer=mcore.tokenizer,
+                  reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                  add_extra_token_to_sequence=bool(c["x"]),
+                  drop_last_partial_validation_sequence=c["drop_last"], path_to_cache=cache)
+    if c["per_split"]:
+        config = mcore.gpt.GPTDatasetConfig(blend_per_split=per_split_blends(c, prefixes), **common)
+    else:
+        config = mcore.gpt.GPTDatasetConfig(blend=(prefixes, c["weights"]), split=c["split"], **common)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mcore.Builder(mcore.gpt.GPTDataset, c["sizes"], lambda: True, config).build()
+    except Exception as exc:  # megacache must refuse these too
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def our_config(c: dict, prefixes: list[str], cache: str, **tuning) -> BuildConfig:
+    if c["per_split"]:
+        blends = [None if b is None else parse_blend(words(*b)) for b in per_split_blends(c, prefixes)]
+        data = dict(blend_per_split=blends, split=None)
+    else:
+        data = dict(blend=parse_blend(words(prefixes, c["weights"])), split=c["split"])
+    return BuildConfig(seq_length=c["L"], sizes=tuple(c["sizes"]), tokenizer=NULL_TOKENIZER, seed=c["seed"],
+                       cache_dir=cache, add_extra_token=bool(c["x"]),
+                       drop_last_partial_validation=c["drop_last"], **data, **tuning)
+
+
+def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) -> str:
+    prefixes = [os.path.join(workdir, f"d{i:04d}") for i in range(len(c["datasets"]))]
+    theirs_error = None
+    if comm.rank == 0:
+        for p, lengths in zip(prefixes, c["datasets"]):
+            write_lengths(p, lengths)
+        theirs_error = megatron_build(mcore, prefixes, c, os.path.join(workdir, "theirs"))
+    theirs_error = comm.bcast(theirs_error)
+    cfg = our_config(c, prefixes, os.path.join(workdir, "ours"), **tuning)
+    if theirs_error:
+        with pytest.raises(MegacacheError):
+            build(cfg, comm)
+        return "refused"
+    result = build(cfg, comm)
+    if comm.rank == 0:
+        ours, theirs = cache_files(cfg.cache_dir), cache_files(os.path.join(workdir, "theirs"))
+        assert sorted(ours) == sorted(theirs), (c["sizes"], set(ours) ^ set(theirs))
+        for name in theirs:
+            assert ours[name] == theirs[name], (name, c["sizes"], c["weights"])
+    comm.barrier()
+    if any(b.chunks > 1 for b in result.blends):
+        stats["chunked"] = stats.get("chunked", 0) + 1
+        stats["recomputed"] = stats.get("recomputed", 0) + sum(b.recomputed for b in result.blends)
+    return "per-split" if c["per_split"] else "weighted" if c["weights"] else "unweighted" if result.blends else "ok"
+
+
+def sweep(comm: Comm, count: int, seed: int, huge: int = 0, **tuning) -> dict[str, int]:
+    """Outcome counts, plus "chunked" (blends cut over ranks) and "recomputed" (samples repaired)."""
+    mcore = None
+    if comm.rank == 0:
+        torch_group()
+        mcore = load_mcore()
+    rng = np.random.default_rng(seed)
+    outcomes: dict[str, int] = {}
+    for k in range(count):
+        c = random_blend_config(rng, huge=k < huge)
+        workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-blend-") if comm.rank == 0 else None)
+        try:
+            label = run_both(mcore, comm, workdir, c, outcomes, **tuning)
+        finally:
+            comm.barrier()
+            if comm.rank == 0:
+                shutil.rmtree(workdir)
+        outcomes[label] = outcomes.get(label, 0) + 1
+    return outcomes
+
+
+def test_random_blends_single_rank(megatron):
+    outcomes = sweep(SingleComm(), 200, seed=7, huge=1)
+    print("blend conformance, 1 rank, 200 blends:", outcomes)
+    assert sum(outcomes.values()) == 200 and outcomes.get("refused", 0) <= 40, outcomes
+    assert "chunked" not in outcomes
+    assert min(outcomes.get(k, 0) for k in ("weighted", "unweighted", "per-split")) >= 10, outcomes
+
+
+@pytest.mark.mpi(min_size=2)
+def test_random_blends_under_mpi():
+    comm = get_comm()
+    # Blends are cut into one chunk per rank from 50 samples per rank on, so that the chunked
+    # blend and its repair run here; the warmup is short so that guesses are sometimes wrong.
+    outcomes = sweep(comm, 200, seed=300 + comm.size, blend_min_chunk=50, blend_warmup=20)
+    if comm.rank == 0:
+        print(f"blend conformance, {comm.size} ranks, 200 blends:", outcomes)
+    assert outcomes.get("refused", 0) <= 40, outcomes
+    # The chunked blend ran, and some chunks started from a wrong guess and were repaired.
+    assert outcomes.get("chunked", 0) >= 50 and outcomes.get("recomputed", 0) > 0, outcomes
