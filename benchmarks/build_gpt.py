@@ -37,21 +37,28 @@ from blend_kernel import cpu_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-# argv: JSON of {prefix, split, seed, seq_length, sizes, vocab_size, cache}. Prints one JSON line.
+# argv: JSON of {prefixes, weights, split, seed, seq_length, sizes, vocab_size, cache}. Prints one JSON
+# line. A one-process gloo group: megatron-core 0.16.1 cannot cache a blend without a process group.
 MCORE = r"""
-import json, resource, sys, time, warnings
+import json, resource, socket, sys, time, warnings
 t0 = time.perf_counter()
 a = json.loads(sys.argv[1])
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
+    import torch.distributed as dist
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.tokenizers import MegatronTokenizer
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
     tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=a["vocab_size"])
-    config = GPTDatasetConfig(random_seed=a["seed"], sequence_length=a["seq_length"], blend=([a["prefix"]], None),
-                              split=a["split"], tokenizer=tokenizer, reset_position_ids=False,
-                              reset_attention_mask=False, eod_mask_loss=False, add_extra_token_to_sequence=True,
-                              drop_last_partial_validation_sequence=True, path_to_cache=a["cache"])
+    config = GPTDatasetConfig(random_seed=a["seed"], sequence_length=a["seq_length"],
+                              blend=(a["prefixes"], a["weights"]), split=a["split"], tokenizer=tokenizer,
+                              reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                              add_extra_token_to_sequence=True, drop_last_partial_validation_sequence=True,
+                              path_to_cache=a["cache"])
     t1 = time.perf_counter()
     BlendedMegatronDatasetBuilder(GPTDataset, a["sizes"], lambda: True, config).build()
 t2 = time.perf_counter()
@@ -153,7 +160,7 @@ def main() -> None:
     documents = int(args.documents * args.scale)
     ranks = [int(r) for r in args.ranks.split(",")]
 
-    from megacache.builders.gpt import megatron_split_sizes
+    from megacache.builders.build import megatron_split_sizes
 
     uptime_before = subprocess.run(["uptime"], check=True, capture_output=True, text=True).stdout.strip()
     load_before = os.getloadavg()
@@ -166,7 +173,7 @@ def main() -> None:
         train_samples, per_epoch = train_samples_for(lengths, args.split, args.seq_length, args.epochs)
         sizes = megatron_split_sizes(train_samples, None, args.global_batch_size, args.eval_iters,
                                      args.eval_interval)
-        mcore_args = {"prefix": prefix, "split": args.split, "seed": args.seed, "seq_length": args.seq_length,
+        mcore_args = {"prefixes": [prefix], "weights": None, "split": args.split, "seed": args.seed, "seq_length": args.seq_length,
                       "sizes": list(sizes), "vocab_size": args.vocab_size}
         build_args = ["--data-path", prefix, "--split", args.split, "--seed", str(args.seed),
                       "--seq-length", str(args.seq_length), "--train-samples", str(train_samples),

@@ -12,6 +12,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import pytest
@@ -28,12 +29,17 @@ from test_build import NULL_TOKENIZER, cache_files
 SPLITS = ["90,5,5", "1,1,1", "7,2,1", "95,5", "100,0,0", "80,20", "60,30,10"]
 
 
-def torch_group() -> None:
-    """A one-process gloo group for the oracle (see the module docstring)."""
+@contextmanager
+def torch_group():
+    """A one-process gloo group for the oracle (see the module docstring), destroyed afterwards so
+    that no later test mistakes this process for a torch.distributed job."""
     import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def random_weights(rng: np.random.Generator, n: int) -> list[float]:
@@ -142,10 +148,11 @@ def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) ->
 
 def sweep(comm: Comm, count: int, seed: int, huge: int = 0, **tuning) -> dict[str, int]:
     """Outcome counts, plus "chunked" (blends cut over ranks) and "recomputed" (samples repaired)."""
-    mcore = None
-    if comm.rank == 0:
-        torch_group()
-        mcore = load_mcore()
+    with torch_group() if comm.rank == 0 else nullcontext():
+        return _sweep(comm, load_mcore() if comm.rank == 0 else None, count, seed, huge, **tuning)
+
+
+def _sweep(comm: Comm, mcore, count: int, seed: int, huge: int, **tuning) -> dict[str, int]:
     rng = np.random.default_rng(seed)
     outcomes: dict[str, int] = {}
     for k in range(count):
@@ -171,10 +178,10 @@ def test_random_blends_single_rank(megatron):
 
 @pytest.mark.mpi(min_size=2)
 def test_random_blends_under_mpi():
-    comm = get_comm()
+    comm = get_comm("mpi")
     # Blends are cut into one chunk per rank from 50 samples per rank on, so that the chunked
-    # blend and its repair run here; the warmup is short so that guesses are sometimes wrong.
-    outcomes = sweep(comm, 200, seed=300 + comm.size, blend_min_chunk=50, blend_warmup=20)
+    # blend and its repair run here; no warmup, so that guesses are sometimes wrong.
+    outcomes = sweep(comm, 200, seed=300 + comm.size, blend_min_chunk=50, blend_warmup=0)
     if comm.rank == 0:
         print(f"blend conformance, {comm.size} ranks, 200 blends:", outcomes)
     assert outcomes.get("refused", 0) <= 40, outcomes

@@ -127,7 +127,7 @@ def test_random_configurations_single_rank(megatron):
 
 @pytest.mark.mpi(min_size=2)
 def test_random_configurations_under_mpi():
-    comm = get_comm()
+    comm = get_comm("mpi")
     outcomes = sweep(comm, 200, seed=100 + comm.size)
     if comm.rank == 0:
         print(f"build conformance, {comm.size} ranks, 200 configurations:", outcomes)

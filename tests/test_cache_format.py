@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from megacache.formats.cache import CacheEntry, gpt_identifiers
-from megacache.formats.npy import NpyWriter, load_npy
+from megacache.formats.cache import CacheEntry, existing, gpt_identifiers
+from megacache.formats.npy import NpyWriter, load_npy, write_npy
 
 
 @pytest.mark.parametrize("dtype, shape", [(np.int32, (7, 2)), (np.int64, (0, 2)), (np.uint32, (13,)),
@@ -30,3 +30,21 @@ def test_gpt_cache_name_of_the_worked_example(tmp_path):
     assert entry.hash == "3177734e3afae46f9004a9f9cfbb4542"
     assert entry.path("sample_index.npy").endswith("3177734e3afae46f9004a9f9cfbb4542-GPTDataset-train-sample_index.npy")
     assert not entry.exists()
+
+
+def test_existing_needs_every_file_of_an_entry(tmp_path):
+    complete = CacheEntry(str(tmp_path), {"class": "GPTDataset", "index_split": "train", "n": 1})
+    partial = CacheEntry(str(tmp_path), {"class": "BlendedDataset", "split": "valid", "n": 2})
+    elsewhere = CacheEntry(str(tmp_path / "missing"), {"class": "GPTDataset", "index_split": "test"})
+    for path in complete.paths().values():
+        open(path, "w").close()
+    open(partial.path("description.txt"), "w").close()
+    assert existing([complete, partial, elsewhere]) == [True, False, False]
+    assert [e.exists() for e in (complete, partial, elsewhere)] == [True, False, False]
+
+
+def test_write_npy_equals_numpy_save(tmp_path):
+    arr = np.arange(12, dtype=np.uint32)[::-1].reshape(6, 2)
+    np.save(tmp_path / "ref.npy", arr, allow_pickle=True)
+    write_npy(str(tmp_path / "ours.npy"), arr)
+    assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "ref.npy").read_bytes()

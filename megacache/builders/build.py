@@ -33,7 +33,7 @@ from ..algorithms.splits import split_matrix
 from ..blendspec import Blend
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
-from ..formats.cache import SPLIT_NAMES, CacheEntry, blend_identifiers
+from ..formats.cache import SPLIT_NAMES, CacheEntry, blend_identifiers, existing
 from ..formats.npy import NpyWriter
 from ..fsio import publish_many, remove_quietly, tmp_path
 from .gpt import GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, open_datasets, plan_jobs
@@ -377,7 +377,7 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     jobs = plan_jobs(requests, settings, datasets, comm)
     blends = _blend_jobs(cfg, blend_specs, jobs)
     entries = [j.entry for j in jobs] + [b.entry for b in blends]
-    exists = comm.on_root(lambda: [e.exists() for e in entries], "looking for existing caches")
+    exists = comm.on_root(lambda: existing(entries), "looking for existing caches")
     for item, hit in zip([*jobs, *blends], exists):
         item.reused = hit
     timer.mark("plan")

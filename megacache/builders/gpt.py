@@ -24,9 +24,9 @@ jobs, built by the same four steps as a single prefix:
 
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,11 +39,13 @@ from ..comm import Comm
 from ..errors import MegacacheError
 from ..formats.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
 from ..formats.indexed import IndexedDataset
-from ..formats.npy import NpyWriter, load_npy
-from ..fsio import publish_many, remove_quietly, tmp_path
+from ..formats.npy import NpyWriter, load_npy, write_npy
+from ..fsio import publish_many, remove_quietly, sync_filesystems, tmp_path
 from .scheduling import even_slice, largest_first
 
 UINT32_MAX = 2**32 - 1
+#: arrays one rank computes whole are built in memory up to this size, else in a memory map
+IN_MEMORY_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -250,29 +252,46 @@ class GPTBuild:
             try:
                 for f in futures:
                     f.result()
+                # Durable before anyone publishes: what this rank wrote, including rows in other
+                # ranks' files (their owners' sync would not cover another node's writes).
+                sync_filesystems({j.entry.directory for j in self.todo})
             except Exception as exc:
                 error = exc
             phases["shuffle_index_wait"] = time.monotonic() - t
         self.comm.check(error, "building the shuffle indices")
 
     def _document_index(self, job: GPTJob, pool: ThreadPoolExecutor) -> Future:
-        """Preallocate the job's files, shuffle its document index here and hand its shuffle
-        index to the pool."""
-        for what, (dtype, shape) in array_shapes(job.plan).items():
-            NpyWriter.create(self.tmp[job.index, what], dtype, shape)
+        """Shuffle the job's document index here, preallocate its sample index for every rank to
+        fill, and hand its shuffle index to the pool."""
+        p = job.plan
+        NpyWriter.create(self.tmp[job.index, "sample_index.npy"], p.sample_index_dtype, p.sample_index_shape)
         state = MT19937.from_seed(self.settings.seed)
-        out = np.lib.format.open_memmap(self.tmp[job.index, "document_index.npy"], mode="r+")
-        build_document_index(np.arange(*job.split_range, dtype=np.int32), job.plan.num_epochs,
-                             job.plan.separate_final_epoch, state, out=out)
-        out.flush()
-        del out
+        with self._array(job, "document_index.npy") as out:
+            build_document_index(np.arange(*job.split_range, dtype=np.int32), p.num_epochs,
+                                 p.separate_final_epoch, state, out=out)
         return pool.submit(self._shuffle_index, job, state)
 
     def _shuffle_index(self, job: GPTJob, state: MT19937) -> None:
-        out = np.lib.format.open_memmap(self.tmp[job.index, "shuffle_index.npy"], mode="r+")
         p = job.plan
-        build_shuffle_index(p.num_samples, p.shuffle_first_range, p.shuffle_index_dtype, state, out=out)
-        out.flush()
+        with self._array(job, "shuffle_index.npy") as out:
+            build_shuffle_index(p.num_samples, p.shuffle_first_range, p.shuffle_index_dtype, state, out=out)
+
+    @contextmanager
+    def _array(self, job: GPTJob, what: str):
+        """An output array one rank computes whole: in memory and written in one go when small
+        (one create, no msync: per-file costs dominate a blend of many small datasets), else a
+        memory map of the preallocated file, so a huge one never has to fit in memory."""
+        path = self.tmp[job.index, what]
+        dtype, shape = array_shapes(job.plan)[what]
+        if dtype.itemsize * int(np.prod(shape)) <= IN_MEMORY_BYTES:
+            out = np.empty(shape, dtype)
+            yield out
+            write_npy(path, out)
+        else:
+            NpyWriter.create(path, dtype, shape)
+            out = np.lib.format.open_memmap(path, mode="r+")
+            yield out
+            out.flush()
 
     def _pieces(self) -> list[tuple[GPTJob, int, int]]:
         """This rank's ``(job, p0, p1)`` pieces of the jobs' document indices laid end to end."""
@@ -330,7 +349,6 @@ class GPTBuild:
             with NpyWriter(self.tmp[job.index, "sample_index.npy"], plan.sample_index_dtype,
                            plan.sample_index_shape) as w:
                 w.write_rows(k0, rows)
-                w.fsync()
 
     def publish(self) -> None:
         """This rank's jobs into place: every array, then every description."""

@@ -88,3 +88,18 @@ class CacheEntry:
     def exists(self) -> bool:
         """Megatron's cache-hit rule: every file is present."""
         return all(os.path.isfile(p) for p in self.paths().values())
+
+
+def existing(entries) -> list[bool]:
+    """``entry.exists()`` for many entries with one directory listing per directory instead of a
+    stat per file (thousands of entries in a blend)."""
+    listings: dict[str, set[str]] = {}
+    out = []
+    for e in entries:
+        if e.directory not in listings:
+            try:
+                listings[e.directory] = {d.name for d in os.scandir(e.directory) if d.is_file()}
+            except FileNotFoundError:
+                listings[e.directory] = set()
+        out.append(all(os.path.basename(p) in listings[e.directory] for p in e.paths().values()))
+    return out

@@ -1,0 +1,187 @@
+"""megacache build vs megatron-core's BlendedMegatronDatasetBuilder on a 1000-dataset weighted blend.
+
+``--datasets`` synthetic prefixes (one sequence per document, lognormal lengths, sparse ``.bin``s)
+totalling ``--tokens`` tokens, each prefix's share and weight drawn at random (lognormal), blended
+as ``--data-path W1 P1 W2 P2 …`` with sizes train/valid/test as given (default 1.2e7 / 1.2e5 /
+1.2e4), L = 4096, split "969,30,1". Every repeat runs, alternating, as fresh processes: megatron-core
+(``BlendedMegatronDatasetBuilder(...).build()`` with ``path_to_cache``) and ``megacache build`` at
+each P in ``--ranks`` (P > 1 under ``mpiexec``). Wall seconds from outside (imports included), peak
+RSS per process/rank; every megacache cache directory must equal megatron-core's file for file, byte
+for byte. Bars at P = 2: >= 10x faster, peak RSS per rank <= half of megatron-core's.
+Results are appended to ``benchmarks/results/build_blend.jsonl``.
+
+    python benchmarks/build_blend.py                 # 1000 datasets, 5e10 tokens
+    python benchmarks/build_blend.py --scale 0.05    # quick check (sizes and tokens scaled)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+
+import numpy as np
+from blend_kernel import cpu_model
+from build_gpt import assert_same_cache, run_mcore, run_megacache, write_dataset
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def write_blend(work: str, datasets: int, tokens: float, mean_length: float, sigma: float,
+                seed: int) -> tuple[list[str], list[float], int, int]:
+    """The prefixes, their weights, and the total documents and tokens written."""
+    rng = np.random.default_rng(seed)
+    share = rng.lognormal(0, 0.5, datasets)
+    share /= share.sum()
+    # Weights follow the sizes loosely, so some datasets repeat for several epochs, others for less than one.
+    weights = [float(f"{w:.6g}") for w in share * rng.lognormal(0, 0.5, datasets)]
+    prefixes, documents, total = [], 0, 0
+    for i in range(datasets):
+        prefix = os.path.join(work, f"source_{i:04d}_text_document")
+        n = max(50, int(tokens * share[i] / mean_length))
+        lengths = write_dataset(prefix, n, mean_length, sigma, seed + 1 + i)
+        prefixes.append(prefix)
+        documents += n
+        total += int(lengths.sum(dtype=np.int64))
+    return prefixes, weights, documents, total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--datasets", type=int, default=1000)
+    ap.add_argument("--tokens", type=float, default=5e10)
+    ap.add_argument("--mean-length", type=float, default=1000, help="mean document length in tokens")
+    ap.add_argument("--sigma", type=float, default=1.0, help="lognormal shape of the document lengths")
+    ap.add_argument("--seq-length", type=int, default=4096)
+    ap.add_argument("--sizes", default="12000000,120000,12000", help="train,valid,test samples")
+    ap.add_argument("--split", default="969,30,1")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--vocab-size", type=int, default=32000)
+    ap.add_argument("--ranks", default="1,2", help="megacache rank counts, comma-separated")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply --tokens and --sizes (quick runs)")
+    ap.add_argument("--results", default=os.path.join(HERE, "results", "build_blend.jsonl"))
+    args = ap.parse_args()
+    sizes = [int(int(s) * args.scale) for s in args.sizes.split(",")]
+    ranks = [int(r) for r in args.ranks.split(",")]
+    # train, valid, test as Megatron-LM's loop derives them: valid = (iters // interval + 1) * eval_iters * gbs.
+    gbs, eval_iters = 1, sizes[2]
+    if sizes[1] % sizes[2] or sizes[0] < 1:
+        raise SystemExit("--sizes: valid must be a multiple of test (Megatron-LM derives both from eval-iters)")
+    eval_interval = max(1, sizes[0] // (sizes[1] // sizes[2] - 1)) if sizes[1] > sizes[2] else sizes[0] + 1
+    while sizes[0] // eval_interval + 1 > sizes[1] // sizes[2]:
+        eval_interval += 1
+
+    uptime_before = subprocess.run(["uptime"], check=True, capture_output=True, text=True).stdout.strip()
+    load_before = os.getloadavg()
+    work = tempfile.mkdtemp(prefix="megacache-bench-blend-")
+    try:
+        t = time.perf_counter()
+        prefixes, weights, documents, tokens = write_blend(work, args.datasets, args.tokens * args.scale,
+                                                           args.mean_length, args.sigma, args.seed)
+        write_s = time.perf_counter() - t
+        from megacache.builders.build import megatron_split_sizes
+
+        derived = megatron_split_sizes(sizes[0], None, gbs, eval_iters, eval_interval)
+        assert list(derived) == sizes, (derived, sizes)
+        data_args = os.path.join(work, "data_args.txt")
+        with open(data_args, "w") as f:
+            f.write("\n".join(f"{w!r} {p}" for w, p in zip(weights, prefixes)) + "\n")
+        mcore_args = {"prefixes": prefixes, "weights": weights, "split": args.split, "seed": args.seed,
+                      "seq_length": args.seq_length, "sizes": sizes, "vocab_size": args.vocab_size}
+        build_args = ["--data-args-path", data_args, "--split", args.split, "--seed", str(args.seed),
+                      "--seq-length", str(args.seq_length), "--train-samples", str(sizes[0]),
+                      "--global-batch-size", str(gbs), "--eval-iters", str(eval_iters),
+                      "--eval-interval", str(eval_interval), "--tokenizer-type", "NullTokenizer",
+                      "--vocab-size", str(args.vocab_size)]
+        print(f"{args.datasets} datasets, {documents:,} documents, {tokens:,} tokens, written in {write_s:.1f} s; "
+              f"L={args.seq_length}, sizes {sizes}", flush=True)
+
+        mcore, ours = [], {p: [] for p in ranks}
+        cache_bytes = 0
+        for rep in range(args.repeats):  # alternate, so drift in machine load hits every side
+            theirs = os.path.join(work, f"mcore-{rep}")
+            mcore.append(run_mcore(mcore_args, theirs))
+            print(f"[{rep}] megatron-core {mcore[-1]['seconds']:.1f} s "
+                  f"(build() {mcore[-1]['build_s']:.1f} s), {mcore[-1]['rss_kb'] / 2**20:.2f} GiB", flush=True)
+            for p in ranks:
+                cache = os.path.join(work, f"megacache-{p}-{rep}")
+                ours[p].append(run_megacache(p, build_args, cache, os.path.join(work, "rss")))
+                cache_bytes = assert_same_cache(cache, theirs)
+                shutil.rmtree(cache)
+                r = ours[p][-1]
+                print(f"[{rep}] megacache P={p} {r['seconds']:.1f} s, "
+                      f"{max(r['rss_kb']) / 2**20:.2f} GiB/rank max; phases "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()), flush=True)
+            shutil.rmtree(theirs)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    mcore_s = statistics.median(r["seconds"] for r in mcore)
+    mcore_rss = statistics.median(r["rss_kb"] for r in mcore)
+    rows = {}
+    for p in ranks:
+        rows[p] = {
+            "seconds": [r["seconds"] for r in ours[p]],
+            "rss_kb": [r["rss_kb"] for r in ours[p]],
+            "phases": [r["phases"] for r in ours[p]],
+            "seconds_median": statistics.median(r["seconds"] for r in ours[p]),
+            "rss_kb_per_rank_max_median": statistics.median(max(r["rss_kb"]) for r in ours[p]),
+            "phases_median": {k: statistics.median(r["phases"][k] for r in ours[p]) for k in ours[p][0]["phases"]},
+        }
+        rows[p]["speedup"] = mcore_s / rows[p]["seconds_median"]
+        rows[p]["rss_ratio"] = rows[p]["rss_kb_per_rank_max_median"] / mcore_rss
+    bars = None
+    if 2 in rows:
+        bars = {"speedup_p2_ge_10": rows[2]["speedup"] >= 10, "rss_ratio_p2_le_0.5": rows[2]["rss_ratio"] <= 0.5}
+
+    import importlib.metadata
+
+    import numba
+
+    record = {
+        "benchmark": "build_blend",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
+                    "uptime_before": uptime_before, "loadavg_before": load_before,
+                    "loadavg_after": os.getloadavg()},
+        "versions": {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
+                     "megatron_core": importlib.metadata.version("megatron-core")},
+        "datasets": args.datasets, "documents": documents, "tokens": tokens, "mean_length": args.mean_length,
+        "sigma": args.sigma, "seq_length": args.seq_length, "split": args.split, "seed": args.seed,
+        "sizes": sizes, "scale": args.scale, "dataset_write_s": write_s, "cache_bytes": cache_bytes,
+        "repeats": args.repeats, "identical_caches": True,
+        "megatron": {"seconds": [r["seconds"] for r in mcore], "build_s": [r["build_s"] for r in mcore],
+                     "import_s": [r["import_s"] for r in mcore], "rss_kb": [r["rss_kb"] for r in mcore],
+                     "seconds_median": mcore_s, "build_s_median": statistics.median(r["build_s"] for r in mcore),
+                     "rss_kb_median": mcore_rss},
+        "megacache": {str(p): row for p, row in rows.items()},
+        "bars": bars,
+    }
+    os.makedirs(os.path.dirname(args.results), exist_ok=True)
+    with open(args.results, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+    print(f"\nmedians of {args.repeats}: wall seconds from outside (imports included), peak RSS per rank; "
+          f"caches identical ({cache_bytes / 2**20:.0f} MiB)")
+    print(f"{'side':<18}{'wall s':>9}{'peak RSS GiB':>14}{'speedup':>9}{'RSS ratio':>11}")
+    print(f"{'megatron-core':<18}{mcore_s:>9.1f}{mcore_rss / 2**20:>14.2f}{'1.0x':>9}{'1.00':>11}   "
+          f"(build() {record['megatron']['build_s_median']:.1f} s)")
+    for p, row in rows.items():
+        print(f"{f'megacache P={p}':<18}{row['seconds_median']:>9.1f}{row['rss_kb_per_rank_max_median'] / 2**20:>14.2f}"
+              f"{row['speedup']:>8.1f}x{row['rss_ratio']:>11.2f}   phases "
+              + ", ".join(f"{k} {v:.2f}" for k, v in row["phases_median"].items()))
+    if bars:
+        print("bars at P=2: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in bars.items()))
+    print(f"load average {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs ({cpu_model()})")
+
+
+if __name__ == "__main__":
+    main()
