@@ -17,19 +17,14 @@ Results are appended to ``benchmarks/results/build_blend.jsonl``.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
-import platform
 import shutil
-import statistics
-import subprocess
 import tempfile
 import time
 
 import numpy as np
-from blend_kernel import cpu_model
-from build_gpt import assert_same_cache, run_mcore, run_megacache, write_dataset
+from build_gpt import write_dataset
+from harness import compare_builds, machine_before, record_and_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -79,8 +74,7 @@ def main() -> None:
     while sizes[0] // eval_interval + 1 > sizes[1] // sizes[2]:
         eval_interval += 1
 
-    uptime_before = subprocess.run(["uptime"], check=True, capture_output=True, text=True).stdout.strip()
-    load_before = os.getloadavg()
+    before = machine_before()
     work = tempfile.mkdtemp(prefix="megacache-bench-blend-")
     try:
         t = time.perf_counter()
@@ -104,83 +98,14 @@ def main() -> None:
         print(f"{args.datasets} datasets, {documents:,} documents, {tokens:,} tokens, written in {write_s:.1f} s; "
               f"L={args.seq_length}, sizes {sizes}", flush=True)
 
-        mcore, ours = [], {p: [] for p in ranks}
-        cache_bytes = 0
-        for rep in range(args.repeats):  # alternate, so drift in machine load hits every side
-            theirs = os.path.join(work, f"mcore-{rep}")
-            mcore.append(run_mcore(mcore_args, theirs))
-            print(f"[{rep}] megatron-core {mcore[-1]['seconds']:.1f} s "
-                  f"(build() {mcore[-1]['build_s']:.1f} s), {mcore[-1]['rss_kb'] / 2**20:.2f} GiB", flush=True)
-            for p in ranks:
-                cache = os.path.join(work, f"megacache-{p}-{rep}")
-                ours[p].append(run_megacache(p, build_args, cache, os.path.join(work, "rss")))
-                cache_bytes = assert_same_cache(cache, theirs)
-                shutil.rmtree(cache)
-                r = ours[p][-1]
-                print(f"[{rep}] megacache P={p} {r['seconds']:.1f} s, "
-                      f"{max(r['rss_kb']) / 2**20:.2f} GiB/rank max; phases "
-                      + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()), flush=True)
-            shutil.rmtree(theirs)
+        mcore, ours, cache_bytes = compare_builds(mcore_args, build_args, ranks, args.repeats, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-    mcore_s = statistics.median(r["seconds"] for r in mcore)
-    mcore_rss = statistics.median(r["rss_kb"] for r in mcore)
-    rows = {}
-    for p in ranks:
-        rows[p] = {
-            "seconds": [r["seconds"] for r in ours[p]],
-            "rss_kb": [r["rss_kb"] for r in ours[p]],
-            "phases": [r["phases"] for r in ours[p]],
-            "seconds_median": statistics.median(r["seconds"] for r in ours[p]),
-            "rss_kb_per_rank_max_median": statistics.median(max(r["rss_kb"]) for r in ours[p]),
-            "phases_median": {k: statistics.median(r["phases"][k] for r in ours[p]) for k in ours[p][0]["phases"]},
-        }
-        rows[p]["speedup"] = mcore_s / rows[p]["seconds_median"]
-        rows[p]["rss_ratio"] = rows[p]["rss_kb_per_rank_max_median"] / mcore_rss
-    bars = None
-    if 2 in rows:
-        bars = {"speedup_p2_ge_10": rows[2]["speedup"] >= 10, "rss_ratio_p2_le_0.5": rows[2]["rss_ratio"] <= 0.5}
-
-    import importlib.metadata
-
-    import numba
-
-    record = {
-        "benchmark": "build_blend",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
-                    "uptime_before": uptime_before, "loadavg_before": load_before,
-                    "loadavg_after": os.getloadavg()},
-        "versions": {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-                     "megatron_core": importlib.metadata.version("megatron-core")},
-        "datasets": args.datasets, "documents": documents, "tokens": tokens, "mean_length": args.mean_length,
-        "sigma": args.sigma, "seq_length": args.seq_length, "split": args.split, "seed": args.seed,
-        "sizes": sizes, "scale": args.scale, "dataset_write_s": write_s, "cache_bytes": cache_bytes,
-        "repeats": args.repeats, "identical_caches": True,
-        "megatron": {"seconds": [r["seconds"] for r in mcore], "build_s": [r["build_s"] for r in mcore],
-                     "import_s": [r["import_s"] for r in mcore], "rss_kb": [r["rss_kb"] for r in mcore],
-                     "seconds_median": mcore_s, "build_s_median": statistics.median(r["build_s"] for r in mcore),
-                     "rss_kb_median": mcore_rss},
-        "megacache": {str(p): row for p, row in rows.items()},
-        "bars": bars,
-    }
-    os.makedirs(os.path.dirname(args.results), exist_ok=True)
-    with open(args.results, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-    print(f"\nmedians of {args.repeats}: wall seconds from outside (imports included), peak RSS per rank; "
-          f"caches identical ({cache_bytes / 2**20:.0f} MiB)")
-    print(f"{'side':<18}{'wall s':>9}{'peak RSS GiB':>14}{'speedup':>9}{'RSS ratio':>11}")
-    print(f"{'megatron-core':<18}{mcore_s:>9.1f}{mcore_rss / 2**20:>14.2f}{'1.0x':>9}{'1.00':>11}   "
-          f"(build() {record['megatron']['build_s_median']:.1f} s)")
-    for p, row in rows.items():
-        print(f"{f'megacache P={p}':<18}{row['seconds_median']:>9.1f}{row['rss_kb_per_rank_max_median'] / 2**20:>14.2f}"
-              f"{row['speedup']:>8.1f}x{row['rss_ratio']:>11.2f}   phases "
-              + ", ".join(f"{k} {v:.2f}" for k, v in row["phases_median"].items()))
-    if bars:
-        print("bars at P=2: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in bars.items()))
-    print(f"load average {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs ({cpu_model()})")
+    params = {"datasets": args.datasets, "documents": documents, "tokens": tokens, "mean_length": args.mean_length,
+              "sigma": args.sigma, "seq_length": args.seq_length, "split": args.split, "seed": args.seed,
+              "sizes": sizes, "scale": args.scale, "dataset_write_s": write_s}
+    record_and_report("build_blend", {"speedup": 10, "rss_ratio": 0.5}, mcore, ours, cache_bytes, params,
+                      args.results, before)
 
 
 if __name__ == "__main__":

@@ -20,62 +20,16 @@ Results are appended as a JSON line to ``benchmarks/results/build_gpt.jsonl``.
 from __future__ import annotations
 
 import argparse
-import filecmp
-import json
 import math
 import os
-import platform
 import shutil
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
 import numpy as np
-from blend_kernel import cpu_model
+from harness import compare_builds, machine_before, record_and_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-# argv: JSON of {prefixes, weights, split, seed, seq_length, sizes, vocab_size, cache}. Prints one JSON
-# line. A one-process gloo group: megatron-core 0.16.1 cannot cache a blend without a process group.
-MCORE = r"""
-import json, resource, socket, sys, time, warnings
-t0 = time.perf_counter()
-a = json.loads(sys.argv[1])
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    import torch.distributed as dist
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-    from megatron.core.tokenizers import MegatronTokenizer
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
-    tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=a["vocab_size"])
-    config = GPTDatasetConfig(random_seed=a["seed"], sequence_length=a["seq_length"],
-                              blend=(a["prefixes"], a["weights"]), split=a["split"], tokenizer=tokenizer,
-                              reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                              add_extra_token_to_sequence=True, drop_last_partial_validation_sequence=True,
-                              path_to_cache=a["cache"])
-    t1 = time.perf_counter()
-    BlendedMegatronDatasetBuilder(GPTDataset, a["sizes"], lambda: True, config).build()
-t2 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "build_s": t2 - t1,
-                  "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
-"""
-
-# argv: RSS_PREFIX then megacache's own arguments. Runs ``python -m megacache`` in this process and
-# writes this rank's peak RSS (KiB) to RSS_PREFIX.<rank> at exit.
-RSS_WRAP = r"""
-import atexit, os, resource, runpy, sys
-path = sys.argv[1] + "." + os.environ.get("PMI_RANK", "0")
-atexit.register(lambda: open(path, "w").write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))
-sys.argv = ["megacache"] + sys.argv[2:]
-runpy.run_module("megacache", run_name="__main__", alter_sys=True)
-"""
-
 
 def write_dataset(prefix: str, documents: int, mean: float, sigma: float, seed: int) -> np.ndarray:
     """One sequence per document, lognormal lengths of this mean (>= 1); returns the lengths."""
@@ -101,44 +55,6 @@ def train_samples_for(lengths: np.ndarray, split: str, seq_length: int, epochs: 
     return int(epochs * per_epoch), per_epoch
 
 
-def run_mcore(args: dict, cache: str) -> dict:
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", MCORE, json.dumps({**args, "cache": cache})], check=True,
-                         capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    return {"seconds": seconds, **json.loads(out.stdout.strip().splitlines()[-1])}
-
-
-def run_megacache(ranks: int, build_args: list[str], cache: str, rss_prefix: str) -> dict:
-    cmd = [sys.executable, "-c", RSS_WRAP, rss_prefix, "build", *build_args, "--data-cache-path", cache]
-    if ranks > 1:
-        cmd = ["mpiexec", "-n", str(ranks), *cmd]
-    t0 = time.perf_counter()
-    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    if out.returncode != 0:
-        raise SystemExit(f"megacache build at P={ranks} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
-    phases_line = next(line for line in out.stdout.splitlines() if line.strip().startswith("phases:"))
-    phases = {k: float(v) for k, v, _ in (item.split() for item in phases_line.split(":", 1)[1].split(","))}
-    rss = []
-    for rank in range(ranks):
-        with open(f"{rss_prefix}.{rank}") as f:
-            rss.append(int(f.read()))
-        os.unlink(f"{rss_prefix}.{rank}")
-    return {"seconds": seconds, "rss_kb": rss, "phases": phases}
-
-
-def assert_same_cache(ours: str, theirs: str) -> int:
-    """Same file names, same bytes; returns the total bytes compared."""
-    names = sorted(os.listdir(theirs))
-    if sorted(os.listdir(ours)) != names:
-        raise SystemExit(f"cache file names differ:\n  megacache {sorted(os.listdir(ours))}\n  megatron  {names}")
-    _, mismatch, errors = filecmp.cmpfiles(ours, theirs, names, shallow=False)
-    if mismatch or errors:
-        raise SystemExit(f"cache files differ from megatron-core's: {mismatch + errors}")
-    return sum(os.path.getsize(os.path.join(theirs, n)) for n in names)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--documents", type=float, default=2e7)
@@ -162,8 +78,7 @@ def main() -> None:
 
     from megacache.builders.build import megatron_split_sizes
 
-    uptime_before = subprocess.run(["uptime"], check=True, capture_output=True, text=True).stdout.strip()
-    load_before = os.getloadavg()
+    before = machine_before()
     work = tempfile.mkdtemp(prefix="megacache-bench-")
     try:
         prefix = os.path.join(work, "synthetic_text_document")
@@ -184,83 +99,14 @@ def main() -> None:
               f"(mean {lengths.mean():.0f}, max {lengths.max():,}), written in {write_s:.1f} s; "
               f"L={args.seq_length}, sizes {sizes} ({args.epochs} x {per_epoch:,} train samples/epoch)", flush=True)
 
-        mcore, ours = [], {p: [] for p in ranks}
-        cache_bytes = 0
-        for rep in range(args.repeats):  # alternate, so drift in machine load hits every side
-            theirs = os.path.join(work, f"mcore-{rep}")
-            mcore.append(run_mcore(mcore_args, theirs))
-            print(f"[{rep}] megatron-core {mcore[-1]['seconds']:.1f} s "
-                  f"(build() {mcore[-1]['build_s']:.1f} s), {mcore[-1]['rss_kb'] / 2**20:.2f} GiB", flush=True)
-            for p in ranks:
-                cache = os.path.join(work, f"megacache-{p}-{rep}")
-                ours[p].append(run_megacache(p, build_args, cache, os.path.join(work, "rss")))
-                cache_bytes = assert_same_cache(cache, theirs)
-                shutil.rmtree(cache)
-                r = ours[p][-1]
-                print(f"[{rep}] megacache P={p} {r['seconds']:.1f} s, "
-                      f"{max(r['rss_kb']) / 2**20:.2f} GiB/rank max; phases "
-                      + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()), flush=True)
-            shutil.rmtree(theirs)
+        mcore, ours, cache_bytes = compare_builds(mcore_args, build_args, ranks, args.repeats, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-    mcore_s = statistics.median(r["seconds"] for r in mcore)
-    mcore_rss = statistics.median(r["rss_kb"] for r in mcore)
-    rows = {}
-    for p in ranks:
-        rows[p] = {
-            "seconds": [r["seconds"] for r in ours[p]],
-            "rss_kb": [r["rss_kb"] for r in ours[p]],
-            "phases": [r["phases"] for r in ours[p]],
-            "seconds_median": statistics.median(r["seconds"] for r in ours[p]),
-            "rss_kb_per_rank_max_median": statistics.median(max(r["rss_kb"]) for r in ours[p]),
-            "phases_median": {k: statistics.median(r["phases"][k] for r in ours[p]) for k in ours[p][0]["phases"]},
-        }
-        rows[p]["speedup"] = mcore_s / rows[p]["seconds_median"]
-        rows[p]["rss_ratio"] = rows[p]["rss_kb_per_rank_max_median"] / mcore_rss
-    bars = None
-    if 2 in rows:
-        bars = {"speedup_p2_ge_3": rows[2]["speedup"] >= 3, "rss_ratio_p2_le_0.5": rows[2]["rss_ratio"] <= 0.5}
-
-    import importlib.metadata
-
-    import numba
-
-    record = {
-        "benchmark": "build_gpt",
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
-                    "uptime_before": uptime_before, "loadavg_before": load_before,
-                    "loadavg_after": os.getloadavg()},
-        "versions": {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-                     "megatron_core": importlib.metadata.version("megatron-core")},
-        "documents": documents, "tokens": int(lengths.sum(dtype=np.int64)), "mean_length": args.mean_length,
-        "sigma": args.sigma, "seq_length": args.seq_length, "split": args.split, "seed": args.seed,
-        "epochs": args.epochs, "sizes": list(sizes), "dataset_write_s": write_s, "cache_bytes": cache_bytes,
-        "repeats": args.repeats, "identical_caches": True,
-        "megatron": {"seconds": [r["seconds"] for r in mcore], "build_s": [r["build_s"] for r in mcore],
-                     "import_s": [r["import_s"] for r in mcore], "rss_kb": [r["rss_kb"] for r in mcore],
-                     "seconds_median": mcore_s, "build_s_median": statistics.median(r["build_s"] for r in mcore),
-                     "rss_kb_median": mcore_rss},
-        "megacache": {str(p): row for p, row in rows.items()},
-        "bars": bars,
-    }
-    os.makedirs(os.path.dirname(args.results), exist_ok=True)
-    with open(args.results, "a") as f:
-        f.write(json.dumps(record) + "\n")
-
-    print(f"\nmedians of {args.repeats}: wall seconds from outside (imports included), peak RSS per rank; "
-          f"caches identical ({cache_bytes / 2**20:.0f} MiB)")
-    print(f"{'side':<18}{'wall s':>9}{'peak RSS GiB':>14}{'speedup':>9}{'RSS ratio':>11}")
-    print(f"{'megatron-core':<18}{mcore_s:>9.1f}{mcore_rss / 2**20:>14.2f}{'1.0x':>9}{'1.00':>11}   "
-          f"(build() {record['megatron']['build_s_median']:.1f} s)")
-    for p, row in rows.items():
-        print(f"{f'megacache P={p}':<18}{row['seconds_median']:>9.1f}{row['rss_kb_per_rank_max_median'] / 2**20:>14.2f}"
-              f"{row['speedup']:>8.1f}x{row['rss_ratio']:>11.2f}   phases "
-              + ", ".join(f"{k} {v:.2f}" for k, v in row["phases_median"].items()))
-    if bars:
-        print("bars at P=2: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in bars.items()))
-    print(f"load average {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs ({cpu_model()})")
+    params = {"documents": documents, "tokens": int(lengths.sum(dtype=np.int64)), "mean_length": args.mean_length,
+              "sigma": args.sigma, "seq_length": args.seq_length, "split": args.split, "seed": args.seed,
+              "epochs": args.epochs, "sizes": list(sizes), "dataset_write_s": write_s}
+    record_and_report("build_gpt", {"speedup": 3, "rss_ratio": 0.5}, mcore, ours, cache_bytes, params,
+                      args.results, before)
 
 
 if __name__ == "__main__":

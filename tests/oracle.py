@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import warnings
 from types import SimpleNamespace
 
@@ -74,3 +76,19 @@ def random_lengths(rng, count):
     return lengths.astype(np.int32)
 
 
+
+
+def sweep_configurations(comm, configurations, run) -> dict[str, int]:
+    """``run(workdir, c)`` for each configuration in a fresh shared directory; counts of the labels
+    it returns."""
+    outcomes: dict[str, int] = {}
+    for c in configurations:
+        workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-sweep-") if comm.rank == 0 else None)
+        try:
+            label = run(workdir, c)
+        finally:
+            comm.barrier()
+            if comm.rank == 0:
+                shutil.rmtree(workdir)
+        outcomes[label] = outcomes.get(label, 0) + 1
+    return outcomes

@@ -9,8 +9,6 @@ would."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import warnings
 from contextlib import contextmanager, nullcontext
 
@@ -18,12 +16,11 @@ import numpy as np
 import pytest
 
 from corpus import free_port
-from megacache.blendspec import Blend, parse_blend
-from megacache.builders.build import BuildConfig, build
+from megacache.blendspec import parse_blend
+from megacache.builders.build import BuildConfig
 from megacache.comm import Comm, SingleComm, get_comm
-from megacache.errors import MegacacheError
-from oracle import load_mcore, write_lengths
-from test_build import NULL_TOKENIZER, cache_files
+from oracle import load_mcore, sweep_configurations, write_lengths
+from test_build import NULL_TOKENIZER, build_and_compare
 
 #: splits whose every non-empty range holds >= 5 % of the sequences
 SPLITS = ["90,5,5", "1,1,1", "7,2,1", "95,5", "100,0,0", "80,20", "60,30,10"]
@@ -89,9 +86,7 @@ def per_split_blends(c: dict, prefixes: list[str]) -> list:
 
 
 def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
-    """megatron-core builds and saves every cache; None, or why it refuses the configuration."""
-    import torch.distributed  # noqa: F401  (the oracle's group, see torch_group)
-
+    """megatron-core builds and saves every cache (in a torch_group); None, or why it refuses."""
     common = dict(random_seed=c["seed"], sequence_length=c["L"], tokenizer=mcore.tokenizer,
                   reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
                   add_extra_token_to_sequence=bool(c["x"]),
@@ -129,17 +124,9 @@ def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) ->
         theirs_error = megatron_build(mcore, prefixes, c, os.path.join(workdir, "theirs"))
     theirs_error = comm.bcast(theirs_error)
     cfg = our_config(c, prefixes, os.path.join(workdir, "ours"), **tuning)
-    if theirs_error:
-        with pytest.raises(MegacacheError):
-            build(cfg, comm)
+    result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refuse=bool(theirs_error))
+    if result is None:
         return "refused"
-    result = build(cfg, comm)
-    if comm.rank == 0:
-        ours, theirs = cache_files(cfg.cache_dir), cache_files(os.path.join(workdir, "theirs"))
-        assert sorted(ours) == sorted(theirs), (c["sizes"], set(ours) ^ set(theirs))
-        for name in theirs:
-            assert ours[name] == theirs[name], (name, c["sizes"], c["weights"])
-    comm.barrier()
     if any(b.chunks > 1 for b in result.blends):
         stats["chunked"] = stats.get("chunked", 0) + 1
         stats["recomputed"] = stats.get("recomputed", 0) + sum(b.recomputed for b in result.blends)
@@ -154,18 +141,11 @@ def sweep(comm: Comm, count: int, seed: int, huge: int = 0, **tuning) -> dict[st
 
 def _sweep(comm: Comm, mcore, count: int, seed: int, huge: int, **tuning) -> dict[str, int]:
     rng = np.random.default_rng(seed)
-    outcomes: dict[str, int] = {}
-    for k in range(count):
-        c = random_blend_config(rng, huge=k < huge)
-        workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-blend-") if comm.rank == 0 else None)
-        try:
-            label = run_both(mcore, comm, workdir, c, outcomes, **tuning)
-        finally:
-            comm.barrier()
-            if comm.rank == 0:
-                shutil.rmtree(workdir)
-        outcomes[label] = outcomes.get(label, 0) + 1
-    return outcomes
+    stats: dict[str, int] = {}
+    configurations = (random_blend_config(rng, huge=k < huge) for k in range(count))
+    outcomes = sweep_configurations(comm, configurations,
+                                    lambda workdir, c: run_both(mcore, comm, workdir, c, stats, **tuning))
+    return {**outcomes, **stats}
 
 
 def test_random_blends_single_rank(megatron):

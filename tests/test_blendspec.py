@@ -16,8 +16,8 @@ from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import IndexLayout, IndexWriter
 from oracle import load_mcore, write_lengths
-from test_blend_build import cache_files, megatron_build, torch_group
-from test_build import NULL_TOKENIZER
+from test_blend_build import megatron_build, torch_group
+from test_build import NULL_TOKENIZER, cache_files
 
 
 def test_words_parse_as_megatron_reads_them():

@@ -4,7 +4,6 @@ on random configurations, for 1 rank in process and 2-3 ranks under MPI (pytest-
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 
 import numpy as np
@@ -14,7 +13,7 @@ from megacache.builders.build import BuildConfig, build, megatron_split_sizes
 from megacache.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
 from megacache.formats.tokenizer_ids import tokenizer_identifiers
-from oracle import load_mcore, megatron_splits, random_lengths, write_lengths
+from oracle import load_mcore, megatron_splits, random_lengths, sweep_configurations, write_lengths
 
 # What megatron-core's tokenizer for --tokenizer-type NullTokenizer --vocab-size 1000 identifies as
 # (the oracle uses that tokenizer; megacache derives its identifiers from the flags alone).
@@ -48,6 +47,23 @@ def cache_files(directory: str) -> dict[str, bytes]:
     if not os.path.isdir(directory):
         return {}
     return {n: open(os.path.join(directory, n), "rb").read() for n in sorted(os.listdir(directory))}
+
+
+def build_and_compare(cfg, comm, theirs: str, refuse: bool):
+    """megacache refuses what megatron-core refused (None); else its cache directory equals
+    megatron-core's, file for file, byte for byte (the result)."""
+    if refuse:
+        with pytest.raises(MegacacheError):
+            build(cfg, comm)
+        return None
+    result = build(cfg, comm)
+    if comm.rank == 0:
+        ours, reference = cache_files(cfg.cache_dir), cache_files(theirs)
+        assert sorted(ours) == sorted(reference), set(ours) ^ set(reference)
+        for name in reference:
+            assert ours[name] == reference[name], name
+    comm.barrier()
+    return result
 
 
 def megatron_cache(mcore, prefix: str, c: dict, cache: str) -> None | str:
@@ -88,35 +104,17 @@ def run_both(mcore, comm, workdir: str, c: dict) -> str:
                                  tokenizer=NULL_TOKENIZER, split=c["split"], seed=c["seed"],
                                  cache_dir=os.path.join(workdir, "ours"), add_extra_token=bool(c["x"]),
                                  drop_last_partial_validation=c["drop_last"])
-    if hang or theirs_error:
-        with pytest.raises(MegacacheError):
-            build(cfg, comm)
+    result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refuse=bool(hang or theirs_error))
+    if result is None:
         return "refused"
-    result = build(cfg, comm)
-    if comm.rank == 0:
-        ours, theirs = cache_files(cfg.cache_dir), cache_files(os.path.join(workdir, "theirs"))
-        assert sorted(ours) == sorted(theirs), (c, sorted(ours), sorted(theirs))
-        for name in theirs:
-            assert ours[name] == theirs[name], (name, c)
-    comm.barrier()
     return "separated" if any(s.plan.separate_final_epoch for s in result.gpt) else "ok"
 
 
 def sweep(comm, count: int, seed: int) -> dict[str, int]:
     mcore = load_mcore() if comm.rank == 0 else None
     rng = np.random.default_rng(seed)
-    outcomes: dict[str, int] = {}
-    for _ in range(count):
-        c = random_config(rng)
-        workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-build-") if comm.rank == 0 else None)
-        try:
-            label = run_both(mcore, comm, workdir, c)
-        finally:
-            comm.barrier()
-            if comm.rank == 0:
-                shutil.rmtree(workdir)
-        outcomes[label] = outcomes.get(label, 0) + 1
-    return outcomes
+    return sweep_configurations(comm, (random_config(rng) for _ in range(count)),
+                                lambda workdir, c: run_both(mcore, comm, workdir, c))
 
 
 def test_random_configurations_single_rank(megatron):

@@ -7,18 +7,20 @@ Order of work, chosen so that nothing is wasted and nothing partial is visible:
 1. Plan: parse and check the data flags, open every prefix, plan every GPTDataset job
    (``gpt.plan_jobs``) and every blend (sizes, weights as Megatron derives them), and ask rank 0
    which entries exist already.
-2. Blends first: a blend needs only its weights and size (and, unweighted, its children's lengths,
-   which the plan knows), so it runs before the children; Megatron's oversampling error then comes
-   before the expensive work. A long blend is cut into one chunk per rank, each started from a
-   guessed state and repaired in order (``algorithms.blend``), exact by construction; a short one
-   runs whole on one rank.
-3. The GPTDataset jobs (``gpt.GPTBuild``).
+2. Blends alongside the children: a blend needs only its weights and size (and, unweighted, its
+   children's lengths, which the plan knows), so each rank computes its share on a background
+   thread while it builds GPTDataset jobs (``gpt.GPTBuild``), which mostly wait on the filesystem.
+   A long blend is cut into one chunk per rank, each started from a guessed state; the chunks are
+   then repaired in order (``algorithms.blend``), exact by construction; a short one runs whole on
+   one rank.
+3. Megatron's oversampling check (an error naming the dataset), before anything is published.
 4. Publish: every GPT entry, then the blends (a blend appears only after all its children).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -33,9 +35,9 @@ from ..algorithms.splits import split_matrix
 from ..blendspec import Blend
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
-from ..formats.cache import SPLIT_NAMES, CacheEntry, blend_identifiers, existing
+from ..formats.cache import SPLIT_NAMES, CacheEntry, blend_identifiers, existing, publish_entries
 from ..formats.npy import NpyWriter
-from ..fsio import publish_many, remove_quietly, tmp_path
+from ..fsio import remove_quietly, tmp_path
 from .gpt import GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, open_datasets, plan_jobs
 from .scheduling import even_slice, largest_first
 
@@ -251,9 +253,10 @@ class Blending:
         whole = [b for b in todo if b not in self.chunked]
         self.owners = dict(zip((b.index for b in whole), largest_first([b.size for b in whole], comm.size)))
 
-    def run(self) -> None:
-        comm = self.comm
-
+    def start(self) -> None:
+        """Preallocate the outputs, then compute this rank's share (whole blends it owns, its chunk
+        of the long ones) on a background thread: the kernels release the GIL, so the blend runs
+        while this rank builds GPT datasets, which mostly wait on the filesystem."""
         def preallocate() -> None:
             os.makedirs(self.cfg.cache_dir, exist_ok=True)
             for b in self.todo:
@@ -261,21 +264,32 @@ class Blending:
                 NpyWriter.create(self.tmp[b.index, "dataset_sample_index.npy"], np.int64, (b.size,))
 
         if self.todo:
-            comm.on_root(preallocate, "preallocating the blend files")
-        error = None
-        counts: dict[int, np.ndarray] = {}
-        speculated: dict[int, tuple] = {}
-        try:
-            for b in self.todo:
-                if self.owners.get(b.index) == comm.rank:
-                    counts[b.index] = self._whole(b)
-            for b in self.chunked:
-                speculated[b.index] = self._speculate(b)
-        except Exception as exc:
-            error = exc
-        comm.check(error, "blending")
+            self.comm.on_root(preallocate, "preallocating the blend files")
+        self._counts: dict[int, np.ndarray] = {}
+        self._speculated: dict[int, tuple] = {}
+        self._error: BaseException | None = None
+
+        def work() -> None:
+            try:
+                for b in self.todo:
+                    if self.owners.get(b.index) == self.comm.rank:
+                        self._counts[b.index] = self._whole(b)
+                for b in self.chunked:
+                    self._speculated[b.index] = self._speculate(b)
+            except BaseException as exc:  # reported collectively in finish()
+                self._error = exc
+
+        self._thread = threading.Thread(target=work, name="blend", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """Join the thread, repair the chunks in order (collective), share every blend's counts."""
+        comm = self.comm
+        self._thread.join()
+        comm.check(self._error, "blending")
+        counts = self._counts
         for b in self.chunked:
-            counts[b.index] = self._repair(b, speculated[b.index])
+            counts[b.index] = self._repair(b, self._speculated[b.index])
         for part in comm.allgather({k: v for k, v in counts.items() if self.owners.get(k) == comm.rank}):
             counts.update(part)
         for b in self.todo:
@@ -344,15 +358,16 @@ class Blending:
                       "(--mid-level-dataset-surplus) or the dataset's weight")
 
     def publish(self) -> None:
-        for b in self.todo:
-            with open(self.tmp[b.index, "description.txt"], "wb") as f:
-                f.write(b.entry.description.encode("utf-8"))
-        publish_many([(self.tmp[b.index, w], b.entry.path(w)) for b in self.todo for w in BLEND_ARRAYS])
-        publish_many([(self.tmp[b.index, "description.txt"], b.entry.path("description.txt")) for b in self.todo])
+        publish_entries((b.entry, {w: self.tmp[b.index, w] for w in (*BLEND_ARRAYS, "description.txt")})
+                        for b in self.todo)
 
     def discard(self) -> None:
-        for path in self.tmp.values():
-            remove_quietly(path)
+        """After a failure elsewhere: let the thread end (no work left running), remove the files."""
+        if getattr(self, "_thread", None) is not None:
+            self._thread.join()
+        if self.comm.rank == 0:
+            for path in self.tmp.values():
+                remove_quietly(path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,13 +401,16 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     blending = Blending([b for b in blends if not b.reused], cfg, comm, tag)
     gpt = GPTBuild(jobs, datasets, settings, comm, tag)
     try:
-        blending.run()
-        blending.check_oversampling()
-        timer.mark("blend")
         directories = sorted({j.entry.directory for j in gpt.todo})
         comm.on_root(lambda: [os.makedirs(d, exist_ok=True) for d in directories] and None,
                      "creating the cache directories")
+        blending.start()
+        timer.mark("blend_start")
         gpt.build(timer.phases)
+        timer.since = time.monotonic()
+        blending.finish()
+        blending.check_oversampling()
+        timer.mark("blend_wait")
         timer.since = time.monotonic()
         error = None
         try:
@@ -404,6 +422,5 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
         timer.mark("publish")
     finally:
         gpt.discard()
-        if comm.rank == 0:
-            blending.discard()
+        blending.discard()
     return BuildResult(jobs, blends, time.monotonic() - t0, comm.size, timer.phases)

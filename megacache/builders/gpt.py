@@ -37,10 +37,10 @@ from ..algorithms.permutation import MT19937
 from ..algorithms.splits import split_ranges
 from ..comm import Comm
 from ..errors import MegacacheError
-from ..formats.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
+from ..formats.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers, publish_entries
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import NpyWriter, load_npy, write_npy
-from ..fsio import publish_many, remove_quietly, sync_filesystems, tmp_path
+from ..fsio import remove_quietly, sync_filesystems, tmp_path
 from .scheduling import even_slice, largest_first
 
 UINT32_MAX = 2**32 - 1
@@ -351,18 +351,17 @@ class GPTBuild:
                 w.write_rows(k0, rows)
 
     def publish(self) -> None:
-        """This rank's jobs into place: every array, then every description."""
-        for job in self.mine:
-            with open(self.tmp[job.index, "description.txt"], "wb") as f:
-                f.write(job.entry.description.encode("utf-8"))
-        publish_many([(self.tmp[j.index, what], j.entry.path(what)) for j in self.mine for what in GPT_ARRAYS])
-        publish_many([(self.tmp[j.index, "description.txt"], j.entry.path("description.txt")) for j in self.mine])
+        """This rank's jobs into place."""
+        publish_entries((j.entry, self._tmp_of(j)) for j in self.mine)
+
+    def _tmp_of(self, job: GPTJob) -> dict[str, str]:
+        return {what: self.tmp[job.index, what] for what in (*GPT_ARRAYS, "description.txt")}
 
     def discard(self) -> None:
         """Remove this rank's temporary files (after a failure, or what publishing left)."""
         for job in self.mine:
-            for what in (*GPT_ARRAYS, "description.txt"):
-                remove_quietly(self.tmp[job.index, what])
+            for path in self._tmp_of(job).values():
+                remove_quietly(path)
 
 
 @dataclass

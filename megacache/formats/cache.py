@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from ..fsio import publish_many
+
 GPT_FILES = ("description.txt", "document_index.npy", "sample_index.npy", "shuffle_index.npy")
 BLEND_FILES = ("description.txt", "dataset_index.npy", "dataset_sample_index.npy")
 SPLIT_NAMES = ("train", "valid", "test")
@@ -103,3 +105,15 @@ def existing(entries) -> list[bool]:
                 listings[e.directory] = set()
         out.append(all(os.path.basename(p) in listings[e.directory] for p in e.paths().values()))
     return out
+
+
+def publish_entries(items) -> None:
+    """Cache entries into place from their temporary files (``[(entry, {file: tmp path})]``, the
+    arrays already written): each description is written, then every array is renamed into
+    place, then every description, so Megatron's cache hit (all files present) never sees a part."""
+    items = list(items)
+    for entry, tmp in items:
+        with open(tmp["description.txt"], "wb") as f:
+            f.write(entry.description.encode("utf-8"))
+    publish_many([(tmp[w], entry.path(w)) for entry, tmp in items for w in entry.names if w != "description.txt"])
+    publish_many([(tmp["description.txt"], entry.path("description.txt")) for entry, tmp in items])
