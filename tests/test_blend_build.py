@@ -167,3 +167,18 @@ def test_random_blends_under_mpi():
     assert outcomes.get("refused", 0) <= 40, outcomes
     # The chunked blend ran, and some chunks started from a wrong guess and were repaired.
     assert outcomes.get("chunked", 0) >= 50 and outcomes.get("recomputed", 0) > 0, outcomes
+
+
+def test_one_prefix_with_a_weight_is_a_one_dataset_blend(megatron):
+    """``--data-path 1.0 PREFIX`` takes Megatron's blend path (surplus-sized GPTDatasets wrapped in
+    one-dataset BlendedDatasets, other hashes than ``--data-path PREFIX``), file for file."""
+    rng = np.random.default_rng(21)
+    c = random_blend_config(rng)
+    c.update(datasets=c["datasets"][:1], weights=[1.0], per_split=False, split="90,5,5",
+             sizes=[5000, 300, 40])
+    stats: dict = {}
+    with torch_group():
+        mcore = load_mcore()
+        outcomes = sweep_configurations(SingleComm(), [c],
+                                        lambda workdir, c: run_both(mcore, SingleComm(), workdir, c, stats))
+    assert outcomes == {"weighted": 1}

@@ -45,7 +45,7 @@ from .scheduling import even_slice, largest_first
 
 UINT32_MAX = 2**32 - 1
 #: arrays one rank computes whole are built in memory up to this size, else in a memory map
-IN_MEMORY_BYTES = 256 << 20
+IN_MEMORY_BYTES = 16 << 20
 
 
 @dataclass(frozen=True)
