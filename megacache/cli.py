@@ -139,6 +139,27 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
         raise MegacacheError(f"{len(failed)} of {len(args.paths)} dataset(s) failed verification")
 
 
+def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
+    from .inspect import inspect_path
+
+    failure = None
+    if comm.rank == 0:
+        problems = 0
+        try:
+            for path in args.paths:
+                report = inspect_path(path)
+                print(report.text, flush=True)
+                problems += len(report.problems)
+            if problems:
+                failure = f"{problems} problem(s) found"
+        except MegacacheError as exc:
+            failure = str(exc)
+    # Only rank 0 reads; the others learn the outcome so every rank exits alike.
+    failure = comm.bcast(failure)
+    if failure:
+        raise MegacacheError(failure)
+
+
 def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
     from .sample import write_sample_corpus
 
@@ -226,6 +247,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+", metavar="PREFIX")
     p.add_argument("--vocab-size", type=int, help="also check every token id is below this")
     p.set_defaults(func=_cmd_verify)
+
+    p = sub.add_parser("inspect", help="summarize dataset prefixes or cache directories; exit 2 on an "
+                                       "incomplete or altered cache entry")
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a dataset prefix (or its .idx/.bin) or a cache directory")
+    p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("sample-corpus", help="write the bundled synthetic sample corpus (jsonl)")
     p.add_argument("--output-dir", required=True)

@@ -157,7 +157,9 @@ class TorchComm(Comm):
         import torch.distributed as dist
 
         self._dist = dist
-        if group is None and dist.get_backend() != "gloo":
+        # A group of our own when the default one is not gloo (CPU collectives) or when the caller
+        # wants a timeout separate from the training collectives'.
+        if group is None and (dist.get_backend() != "gloo" or timeout_s is not None):
             kwargs = {}
             if timeout_s is not None:
                 kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)

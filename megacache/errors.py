@@ -19,6 +19,10 @@ class FormatError(MegacacheError):
     """A malformed dataset or cache file."""
 
 
+class CacheNotBuilt(MegacacheError):
+    """An entry a configuration needs is not in the cache directory."""
+
+
 class JobFailed(MegacacheError):
     """One or more ranks failed in a phase; every rank raises this together."""
 

@@ -11,7 +11,7 @@ import pytest
 
 from corpus import run_megacache
 from megacache.blendspec import Blend, blend_from_flags, parse_blend, read_per_split_data_args
-from megacache.builders.build import BuildConfig, build
+from megacache.api import BlendedSamples, BuildConfig, GPTSamples, build, open_cache
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import IndexLayout, IndexWriter
@@ -161,3 +161,18 @@ def check_cli_blends(tmp_path, ranks, prefixes, args_file, per_split, sizes, com
         proc = run_megacache(ranks, "build", *data, *common, "--data-cache-path", ours)
         assert "BlendedDataset" in proc.stdout or "blend" in proc.stdout
         assert cache_files(ours) == cache_files(theirs), kind
+
+
+def test_open_cache_of_per_split_data_mixes_blends_and_single_prefixes(tmp_path):
+    for name in ("A", "B", "C"):
+        write_lengths(str(tmp_path / name), np.full(40, 20))
+    cfg = base_config(tmp_path, split=None, blend_per_split=[
+        Blend((str(tmp_path / "A"), str(tmp_path / "B")), (0.25, 0.75)), Blend((str(tmp_path / "C"),)), None])
+    result = build(cfg, SingleComm())
+    splits = open_cache(cfg)
+    assert list(splits) == ["train", "valid"]
+    assert isinstance(splits["train"], BlendedSamples) and isinstance(splits["valid"], GPTSamples)
+    assert len(splits["train"]) == result.blends[0].size == 100
+    assert len(splits["valid"]) == [j for j in result.gpt if j.name == "valid"][0].plan.num_samples
+    assert splits["train"][0].shape == (9,) and splits["train"][0].dtype == np.int64
+    assert {splits["train"].source(k)[0] for k in range(100)} == {0, 1}

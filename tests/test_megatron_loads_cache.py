@@ -25,12 +25,12 @@ import pytest
 
 from corpus import free_port
 
+from megacache.api import BuildConfig, build, megatron_split_sizes, open_cache
 from megacache.blendspec import parse_blend
-from megacache.builders.build import BuildConfig, build, megatron_split_sizes
 from megacache.comm import SingleComm
-from megacache.formats.indexed import IndexedDataset, write_dataset
+from megacache.errors import MegacacheError
+from megacache.formats.indexed import write_dataset
 from megacache.formats.tokenizer_ids import tokenizer_identifiers
-from megacache.reader import BlendedSamples, GPTSamples
 
 L = 64  # sequence length
 X = 1  # add_extra_token_to_sequence (megatron's default)
@@ -100,18 +100,16 @@ def run_ranks(spec_path: str, workdir: str) -> None:
 
 
 def megacache_samples(prefixes, weights, cache_dir, sizes):
-    """Build with megacache (one process); its reader's view of every split."""
+    """Build with megacache (one process), then open the splits with megacache's API."""
     if weights is None:
         cfg = BuildConfig.for_prefix(prefixes[0], **common_config(sizes, cache_dir))
     else:
         blend = parse_blend([w for pair in zip(map(str, weights), prefixes) for w in pair])
         cfg = BuildConfig(blend=blend, **common_config(sizes, cache_dir))
+    with pytest.raises(MegacacheError, match="not built, e.g. .*description.txt: run `megacache build`"):
+        open_cache(cfg)
     result = build(cfg, SingleComm())
-    datasets = {p: IndexedDataset(p) for p in prefixes}
-    gpt = {j.index: GPTSamples(datasets[j.data_path], j.entry, add_extra_token=bool(X)) for j in result.gpt}
-    if not result.blends:
-        return result, {j.name: gpt[j.index] for j in result.gpt}
-    return result, {b.name: BlendedSamples([gpt[c.index] for c in b.children], b.entry) for b in result.blends}
+    return result, open_cache(cfg)
 
 
 def common_config(sizes, cache_dir):

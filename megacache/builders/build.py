@@ -374,10 +374,19 @@ class Blending:
 # Build
 
 
-def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
+@dataclass
+class Plan:
+    """Every cache entry a configuration needs, whether it exists, and the opened datasets."""
+
+    gpt: list[GPTJob]
+    blends: list[BlendJob]
+    datasets: dict
+
+
+def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
+    """The entries of ``cfg`` (identical on every rank of ``comm``; a ``SingleComm`` plans alone,
+    reading every sequence length itself, with no collective)."""
     comm = comm or get_comm()
-    t0 = time.monotonic()
-    timer = PhaseTimer()
     settings = cfg.settings
     settings.validate()
     _check_sizes(cfg)
@@ -395,6 +404,17 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     exists = comm.on_root(lambda: existing(entries), "looking for existing caches")
     for item, hit in zip([*jobs, *blends], exists):
         item.reused = hit
+    return Plan(jobs, blends, datasets)
+
+
+def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
+    """Build every missing cache entry of ``cfg`` with all ranks of ``comm``."""
+    comm = comm or get_comm()
+    t0 = time.monotonic()
+    timer = PhaseTimer()
+    planned = plan(cfg, comm)
+    jobs, blends, datasets = planned.gpt, planned.blends, planned.datasets
+    settings = cfg.settings
     timer.mark("plan")
 
     tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)

@@ -1,0 +1,71 @@
+"""megacache from Python: build the caches of a configuration, and open them.
+
+    from megacache.api import BuildConfig, build, open_cache
+    from megacache.blendspec import parse_blend
+
+    cfg = BuildConfig(blend=parse_blend(["0.7", "/data/web_text_document", "0.3", "/data/code_text_document"]),
+                      seq_length=4096, sizes=(1_000_000, 10_000, 1_000), tokenizer=identifiers,
+                      cache_dir="/data/cache")
+    build(cfg)                    # every rank of the job (MPI, torch.distributed or one process)
+    splits = open_cache(cfg)      # {"train": ..., "valid": ..., "test": ...}
+    tokens = splits["train"][0]   # int64[seq_length + 1], as megatron-core's dataset reads it
+
+``open_cache`` needs no other rank: each process plans on its own (reading the sequence lengths)
+and memory-maps the files, so ranks that find a finished cache never wait on each other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .builders.build import BuildConfig, BuildResult, build, megatron_split_sizes, plan
+from .comm import SingleComm, TorchComm
+from .errors import CacheNotBuilt
+from .reader import NO_PAD, BlendedSamples, GPTSamples
+
+__all__ = ["BuildConfig", "BuildResult", "build", "megatron_split_sizes", "open_cache", "prepare_cache",
+           "PreparedCache", "GPTSamples", "BlendedSamples"]
+
+
+def open_cache(cfg: BuildConfig, pad_id: int = NO_PAD) -> dict[str, GPTSamples | BlendedSamples]:
+    """The built splits of ``cfg`` by name (one prefix: ``GPTSamples``; blends: ``BlendedSamples``).
+    Raises if any entry is missing, naming it and how to build it."""
+    planned = plan(cfg, SingleComm())
+    missing = [e.entry for e in [*planned.gpt, *planned.blends] if not e.reused]
+    if missing:
+        raise CacheNotBuilt(
+            f"{len(missing)} cache entr{'y is' if len(missing) == 1 else 'ies are'} not built, e.g. "
+            f"{missing[0].path('description.txt')}: run `megacache build` (or megacache.api.build) with this "
+            f"configuration first")
+    gpt = {j.index: GPTSamples(planned.datasets[j.data_path], j.entry, cfg.add_extra_token, pad_id)
+           for j in planned.gpt}
+    if planned.blends:
+        opened = {b.name: BlendedSamples([gpt[c.index] for c in b.children], b.entry) for b in planned.blends}
+        blended = {b.name for b in planned.blends}
+        # per-split data: a split of one prefix is a plain GPTDataset beside the blended ones
+        opened.update({j.name: gpt[j.index] for j in planned.gpt if j.name not in blended})
+    else:
+        opened = {j.name: gpt[j.index] for j in planned.gpt}
+    return {name: opened[name] for name in ("train", "valid", "test") if name in opened}
+
+
+@dataclass
+class PreparedCache:
+    splits: dict                        # as open_cache returns them
+    built: BuildResult | None           # None: the cache was there and was only opened
+
+
+def prepare_cache(cfg: BuildConfig, timeout_s: float = 3600.0, pad_id: int = NO_PAD) -> PreparedCache:
+    """For rank init under torchrun, after ``torch.distributed.init_process_group`` (any backend).
+
+    If the cache is built, every rank opens it on its own: no collective, no barrier. If not, every
+    rank of the job builds it together over a gloo group of its own, whose timeout (``timeout_s``)
+    is separate from the training collectives', then opens it. Every rank must call this with the
+    same configuration; the cache must not be built by another job at the same moment (every rank
+    has to see the same state)."""
+    try:
+        return PreparedCache(open_cache(cfg, pad_id), None)
+    except CacheNotBuilt:
+        pass
+    result = build(cfg, TorchComm(timeout_s=timeout_s))
+    return PreparedCache(open_cache(cfg, pad_id), result)

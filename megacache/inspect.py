@@ -1,0 +1,286 @@
+"""``megacache inspect``: a readable summary of a dataset prefix or of a cache directory.
+
+For a cache directory it groups the files by entry (``<md5>-<Class>-<split>-<what>``, see
+megatron-compat.md §3.2), says whether each entry is whole (Megatron's cache-hit rule) and whether
+its description still hashes to its name (an edited description is never looked up again), and
+gives the training flags that reproduce the key, so a user can tell which run a cache belongs to.
+Everything is read through headers and memory maps; the reductions are numpy's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import MegacacheError
+from .formats.cache import BLEND_FILES, GPT_FILES, SPLIT_NAMES, describe, description_hash
+from .formats.indexed import IndexedDataset, bin_path, idx_path
+from .formats.npy import load_npy
+from .verify import CHUNK
+
+ENTRY_FILES = {"GPTDataset": GPT_FILES, "BlendedDataset": BLEND_FILES}
+ENTRY_NAME = re.compile(r"([0-9a-f]{32})-(GPTDataset|BlendedDataset)-(train|valid|test)-(.+)")
+#: datasets of a blend spelled out in its flags; longer blends are elided
+SHOWN_DATASETS = 4
+
+
+@dataclass(frozen=True)
+class DatasetSummary:
+    prefix: str
+    dtype: np.dtype
+    sequences: int
+    documents: int
+    tokens: int
+    min_length: int
+    mean_length: float
+    max_length: int
+    empty_sequences: int
+    bin_size: int
+
+
+def inspect_dataset(prefix: str) -> DatasetSummary:
+    ds = IndexedDataset(prefix)
+    lengths = ds.sequence_lengths
+    sequences = len(ds)
+    tokens = int(lengths.sum(dtype=np.int64))
+    return DatasetSummary(
+        prefix=prefix, dtype=ds.dtype, sequences=sequences, documents=ds.num_documents, tokens=tokens,
+        min_length=int(lengths.min()) if sequences else 0,
+        mean_length=tokens / sequences if sequences else 0.0,
+        max_length=int(lengths.max()) if sequences else 0,
+        empty_sequences=sequences - int(np.count_nonzero(lengths)),
+        bin_size=ds.bin_size,
+    )
+
+
+def format_dataset(s: DatasetSummary) -> str:
+    return "\n".join([
+        f"dataset {s.prefix}",
+        f"  dtype {s.dtype.name}, {s.sequences:,} sequences, {s.documents:,} documents, {s.tokens:,} tokens",
+        (f"  sequence length min {s.min_length:,} / mean {s.mean_length:,.2f} / max {s.max_length:,}; "
+         f"{s.empty_sequences:,} empty"),
+        f"  .bin {s.bin_size:,} bytes",
+    ])
+
+
+@dataclass
+class EntrySummary:
+    """One cache entry (one split of one dataset or blend) as found on disk."""
+
+    directory: str
+    hash: str
+    class_name: str
+    split_name: str
+    present: set[str]
+    md5_ok: bool | None = None          # None: no readable description
+    description: dict | None = None
+    arrays: dict[str, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
+    samples: int | None = None
+    dataset_counts: tuple[int, int] | None = None  # blends: fewest and most samples from one dataset
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def missing(self) -> list[str]:
+        return [w for w in ENTRY_FILES[self.class_name] if w not in self.present]
+
+    def path(self, what: str) -> str:
+        return os.path.join(self.directory, f"{self.hash}-{self.class_name}-{self.split_name}-{what}")
+
+
+@dataclass
+class CacheSummary:
+    directory: str
+    entries: list[EntrySummary]
+    temporary_files: int
+    other_files: int
+
+    @property
+    def problems(self) -> list[str]:
+        return [p for e in self.entries for p in e.problems]
+
+
+def _read_entry(e: EntrySummary) -> None:
+    if e.missing:
+        e.problems.append(f"{e.path(e.missing[0])}: incomplete entry, missing {', '.join(e.missing)} "
+                          f"(Megatron rebuilds it); rebuild or delete its files")
+    if "description.txt" in e.present:
+        with open(e.path("description.txt"), "rb") as f:
+            raw = f.read()
+        actual = hashlib.md5(raw).hexdigest()  # Megatron hashes the text's utf-8 bytes
+        e.md5_ok = actual == e.hash
+        if not e.md5_ok:
+            e.problems.append(f"{e.path('description.txt')}: md5 of the description is {actual}, not the "
+                              f"name's {e.hash}: the file was changed; rebuild or delete the entry")
+        try:
+            e.description = json.loads(raw)
+        except ValueError as exc:
+            e.problems.append(f"{e.path('description.txt')}: not valid JSON ({exc})")
+    for what in sorted(e.present - {"description.txt"}):
+        try:
+            array = load_npy(e.path(what))
+        except MegacacheError as exc:
+            e.problems.append(str(exc))
+            continue
+        e.arrays[what] = (array.shape, array.dtype)
+        if what == "sample_index.npy":
+            e.samples = max(array.shape[0] - 1, 0)
+        elif what == "dataset_index.npy":
+            e.samples = len(array)
+            _count_blend(e, array)
+
+
+def _count_blend(e: EntrySummary, dataset_index: np.ndarray) -> None:
+    """Fewest and most samples drawn from one dataset; counted in bounded chunks (a blend can hold
+    billions of samples)."""
+    datasets = e.description.get("datasets") if isinstance(e.description, dict) else None
+    if not isinstance(datasets, list) or not len(dataset_index):
+        return
+    d = len(datasets)
+    lo, hi = int(dataset_index.min()), int(dataset_index.max())
+    if lo < 0 or hi >= d:
+        e.problems.append(f"{e.path('dataset_index.npy')}: dataset ids span [{lo}, {hi}], outside the "
+                          f"description's {d} datasets")
+        return
+    counts = np.zeros(d, dtype=np.int64)
+    for a in range(0, len(dataset_index), CHUNK):
+        counts += np.bincount(dataset_index[a : a + CHUNK], minlength=d)
+    e.dataset_counts = (int(counts.min()), int(counts.max()))
+
+
+def inspect_cache(directory: str) -> CacheSummary:
+    found: dict[tuple[str, str, str], set[str]] = {}
+    temporary = other = 0
+    for item in os.scandir(directory):
+        if not item.is_file():
+            continue
+        if item.name.startswith("."):
+            temporary += 1
+            continue
+        m = ENTRY_NAME.fullmatch(item.name)
+        if m is None or m.group(4) not in ENTRY_FILES[m.group(2)]:
+            other += 1
+            continue
+        found.setdefault(m.group(1, 2, 3), set()).add(m.group(4))
+    entries = [EntrySummary(directory, h, c, s, present) for (h, c, s), present in found.items()]
+    for e in entries:
+        _read_entry(e)
+    entries.sort(key=lambda e: (e.class_name, _dataset_path(e), SPLIT_NAMES.index(e.split_name), e.hash))
+    return CacheSummary(directory, entries, temporary, other)
+
+
+def _dataset_path(e: EntrySummary) -> str:
+    return str((e.description or {}).get("dataset_path", ""))
+
+
+def _blend_parents(entries: list[EntrySummary]) -> dict[str, EntrySummary]:
+    """Hash of each blend child's description -> its blend: such a GPTDataset is keyed by the blend's
+    flags (it carries the blend's surplus size), not by a one-prefix run."""
+    parents = {}
+    for b in entries:
+        if b.class_name == "BlendedDataset" and isinstance(b.description, dict):
+            for child in b.description.get("datasets", []):
+                parents[description_hash(describe(child))] = b
+    return parents
+
+
+def _common_flags(ids: dict, directory: str) -> str:
+    split = f" --split {shlex.quote(ids['split'])}" if ids.get("split") is not None else ""
+    return (f"{split} --seq-length {ids.get('sequence_length')} --seed {ids.get('random_seed')} "
+            f"--data-cache-path {shlex.quote(directory)}")
+
+
+def _gpt_config(e: EntrySummary) -> str:
+    ids = e.description
+    path = shlex.quote(str(ids.get("dataset_path")))
+    # Per-split blends hash no split string (and spoof the split matrix).
+    data = f"--data-path {path}" if ids.get("split") is not None else f"--{e.split_name}-data-path {path}"
+    return data + _common_flags(ids, e.directory)
+
+
+def _blend_config(e: EntrySummary) -> str:
+    children, weights = e.description.get("datasets", []), e.description.get("weights", [])
+    if not children:
+        return "a blend of no datasets"
+    first = children[0]
+    paths = [shlex.quote(str(c.get("dataset_path"))) for c in children]
+    # Megatron gives an unweighted blend's datasets one epoch each (num_samples null) and weighs them
+    # by length; given weights always come with sizes (megatron-compat.md §4.4).
+    if all(c.get("num_samples") is None for c in children):
+        form = "unweighted (weights are the datasets' lengths): "
+        words = paths
+    else:
+        form = "weighted (weights normalised): "
+        words = [f"{w!r} {p}" for w, p in zip(weights, paths)]
+    shown = " ".join(words[:SHOWN_DATASETS]) + (" …" if len(words) > SHOWN_DATASETS else "")
+    flag = "--data-path" if first.get("split") is not None else f"--{e.split_name}-data-path"
+    return f"a blend of {len(children):,} datasets, {form}{flag} {shown}" + _common_flags(first, e.directory)
+
+
+def _format_entry(e: EntrySummary, parents: dict[str, EntrySummary]) -> list[str]:
+    state = "complete" if not e.missing else f"INCOMPLETE (missing {', '.join(e.missing)})"
+    md5 = {True: "md5 ok", False: "md5 MISMATCH", None: "md5 unknown (no description)"}[e.md5_ok]
+    lines = [f"{e.hash} {e.class_name} {e.split_name}: {state}, {md5}"]
+    ids = e.description if isinstance(e.description, dict) else None
+    if ids is not None and e.class_name == "GPTDataset":
+        requested = "null (one epoch)" if ids.get("num_samples") is None else f"{ids['num_samples']} requested"
+        lines.append(f"  dataset_path {ids.get('dataset_path')}, num_samples {requested}, sequence_length "
+                     f"{ids.get('sequence_length')}, random_seed {ids.get('random_seed')}, split "
+                     f"{ids.get('split')!r}")
+    elif ids is not None:
+        lines.append(f"  {len(ids.get('datasets', [])):,} datasets, size {ids.get('size')}, "
+                     f"split {ids.get('split')}")
+    if e.arrays:
+        lines.append("  " + ", ".join(f"{w[:-4]} {dt.name}{list(shape)}" for w, (shape, dt) in e.arrays.items()))
+    if e.samples is not None:
+        counts = ""
+        if e.dataset_counts is not None:
+            counts = f" (per dataset: min {e.dataset_counts[0]:,}, max {e.dataset_counts[1]:,})"
+        lines.append(f"  {e.samples:,} samples{counts}")
+    if ids is not None:
+        if e.hash in parents:
+            parent = parents[e.hash]
+            lines.append(f"  Megatron config: a dataset of blend {parent.hash} ({parent.split_name}); see there")
+        elif e.class_name == "GPTDataset":
+            lines.append(f"  Megatron config: {_gpt_config(e)}")
+        else:
+            lines.append(f"  Megatron config: {_blend_config(e)}")
+    lines += [f"  problem: {p}" for p in e.problems]
+    return lines
+
+
+def format_cache(c: CacheSummary) -> str:
+    counts = {name: sum(e.class_name == name for e in c.entries) for name in ENTRY_FILES}
+    lines = [(f"cache directory {c.directory}: {len(c.entries)} entries ({counts['GPTDataset']} GPTDataset, "
+              f"{counts['BlendedDataset']} BlendedDataset)")]
+    if c.temporary_files:
+        lines.append(f"  {c.temporary_files} temporary files (an unfinished or crashed build)")
+    if c.other_files:
+        lines.append(f"  {c.other_files} other files ignored")
+    parents = _blend_parents(c.entries)
+    for e in c.entries:
+        lines += _format_entry(e, parents)
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Report:
+    text: str
+    problems: list[str]
+
+
+def inspect_path(path: str) -> Report:
+    """A dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a cache directory."""
+    prefix = path[:-4] if path.endswith((".idx", ".bin")) and os.path.isfile(path) else path
+    # Checked before the directory case: Megatron's default cache dir makes the prefix a directory too.
+    if os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)):
+        return Report(format_dataset(inspect_dataset(prefix)), [])
+    if os.path.isdir(path):
+        cache = inspect_cache(path)
+        return Report(format_cache(cache), cache.problems)
+    raise MegacacheError(f"{path}: not a dataset prefix (no {path}.idx) nor a cache directory")

@@ -1,0 +1,101 @@
+"""The Slurm prebuild job for real: ``sbatch --wait slurm/prebuild.sbatch`` on a running Slurm (one
+node here, started by slurm/start_single_node.sh) tokenizes a corpus and builds its cache with 2
+MPI ranks under ``srun --mpi=pmi2``, and the cache equals a plain one-rank build byte for byte."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+START = "run slurm/start_single_node.sh (as root) to install and start a one-node Slurm"
+# The README's sample flags, with a split that leaves every split non-empty for 400 documents; its
+# spaces check that BUILD_ARGS keeps a quoted argument whole on its way through the batch script.
+SPLIT = "90, 5, 5"
+BUILD_FLAGS = ["--seq-length", "256", "--train-iters", "500", "--global-batch-size", "8", "--eval-iters", "5",
+               "--eval-interval", "100", "--tokenizer-type", "NullTokenizer", "--vocab-size", "257"]
+LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+def require_slurm() -> None:
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        pytest.skip(f"Slurm is not installed here (no sinfo/sbatch on PATH): {START}")
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=15)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"Slurm is not running here (sinfo timed out): {START}")
+    states = proc.stdout.split()
+    if proc.returncode != 0 or not {"idle", "mixed"} & set(states):
+        reason = proc.stderr.strip() or f"node states {states}"
+        pytest.skip(f"Slurm is not running here or has no idle node ({reason}): {START}")
+
+
+def sbatch_wait(args: list[str], env: dict, timeout_s: int = 180) -> subprocess.CompletedProcess:
+    """``sbatch --wait``; a job still queued or running at the timeout is cancelled, not left behind."""
+    try:
+        return subprocess.run(["sbatch", "--wait", "--parsable", *args], env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired as exc:
+        job_id = (exc.stdout or b"").decode().split(";")[0].strip()
+        if job_id:
+            subprocess.run(["scancel", job_id], timeout=30)
+        pytest.fail(f"Slurm job {job_id or '(not submitted)'} did not finish in {timeout_s} s: "
+                    f"is the node busy, or slurmd down? {START}")
+
+
+def megacache(*args: str, env: dict) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "megacache", *args], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def read_dir(path: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+
+
+def test_prebuild_job_under_sbatch_equals_a_single_rank_build(tmp_path):
+    require_slurm()
+    # The job imports this checkout's megacache, and runs as a plain Slurm job, not inside any
+    # launcher this test might run under.
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    corpus, prefix, cache, log = tmp_path / "corpus", tmp_path / "tok", tmp_path / "cache", tmp_path / "job.out"
+    megacache("sample-corpus", "--output-dir", str(corpus), "--files", "2", "--documents", "200", env=env)
+
+    # Knobs go through the environment and --export=ALL: values with commas would not survive
+    # sbatch's own --export=NAME=value list.
+    env.update(INPUT=str(corpus), OUTPUT_PREFIX=str(prefix), DATA_CACHE_PATH=str(cache),
+               BUILD_ARGS=f"--split '{SPLIT}' " + " ".join(BUILD_FLAGS), VERIFY_ARGS="--vocab-size 257",
+               MEGACACHE=f"{sys.executable} -m megacache")
+    job = sbatch_wait(["--export=ALL", f"--chdir={tmp_path}", f"--output={log}", "--time=00:02:00",
+                       str(REPO / "slurm" / "prebuild.sbatch")], env=env)
+    output = log.read_text() if log.exists() else "(no job output file)"
+    assert job.returncode == 0, job.stdout + job.stderr + output
+
+    # Both srun steps ran as one 2-rank MPI job (two singletons would each report 1 rank).
+    assert output.count("on 2 rank(s)") == 2, output
+    assert "on 1 rank(s)" not in output, output
+    data_path = f"{prefix}_text_document"
+    assert f"ok   {data_path}: 400 documents" in output, output
+    assert Path(data_path + ".bin").stat().st_size > 0 and Path(data_path + ".idx").stat().st_size > 0
+    megacache("verify", data_path, "--vocab-size", "257", env=env)
+
+    built = read_dir(cache)
+    for split in ("train", "valid", "test"):
+        names = sorted(n for n in built if f"-GPTDataset-{split}-" in n)
+        assert [n.split("-", 3)[3] for n in names] == ["description.txt", "document_index.npy",
+                                                         "sample_index.npy", "shuffle_index.npy"], names
+    assert len(built) == 12, sorted(built)
+
+    single_cache = tmp_path / "cache_single_rank"
+    megacache("build", "--data-path", data_path, "--split", SPLIT, *BUILD_FLAGS,
+              "--data-cache-path", str(single_cache), env=env)
+    single = read_dir(single_cache)
+    assert sorted(single) == sorted(built)
+    assert [n for n in built if built[n] != single[n]] == []

@@ -1,0 +1,108 @@
+"""Rank init under torchrun (2 processes, gloo): the first start builds the missing cache with both
+ranks over megacache's own gloo group, the second start only opens it, and a DataLoader with
+DistributedSampler over megacache's TokenDataset yields exactly megatron-core's GPTDataset samples
+(read from the same cache by megatron-core itself)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+
+from corpus import free_port
+from oracle import write_lengths
+
+RANK_MAIN = r"""
+import json, os, sys, time, warnings
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler
+
+spec = json.load(open(sys.argv[1]))
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+from megacache.api import BuildConfig, prepare_cache
+from megacache.torchdata import TokenDataset
+cfg = BuildConfig.for_prefix(spec["prefix"], seq_length=spec["L"], sizes=tuple(spec["sizes"]),
+                             tokenizer=spec["tokenizer"], split=spec["split"], seed=spec["seed"],
+                             cache_dir=spec["cache"])
+t = time.monotonic()
+ready = prepare_cache(cfg, timeout_s=120)
+seconds = time.monotonic() - t
+dataset = TokenDataset(ready.splits["train"])
+sampler = DistributedSampler(dataset, shuffle=True, seed=3)
+loader = DataLoader(dataset, batch_size=5, sampler=sampler, num_workers=1)
+batches = torch.cat(list(loader)).numpy()
+indices = list(iter(sampler))
+
+sys.path.insert(0, spec["tests"])
+from oracle import megatron_splits, load_mcore
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    mcore = load_mcore()
+    theirs = megatron_splits(mcore, spec["prefix"], spec["split"], spec["sizes"], spec["seed"], spec["L"], 1,
+                             True, path_to_cache=spec["cache"])[0]
+    expected = np.stack([theirs._query_document_sample_shuffle_indices(i)[0] for i in indices])
+np.save(spec["out"] + f".{rank}.npy", np.stack([batches, expected]))
+json.dump({"built": ready.built is not None, "seconds": seconds, "len": len(dataset),
+           "megatron_len": len(theirs), "indices": len(indices), "world": dist.get_world_size()},
+          open(spec["out"] + f".{rank}.json", "w"))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def torchrun(spec_path: str, nproc: int = 2) -> None:
+    """The real launcher (``torchrun`` is ``python -m torch.distributed.run``) on RANK_MAIN."""
+    script = spec_path + ".rank.py"
+    with open(script, "w") as f:
+        f.write(RANK_MAIN)
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
+        env.pop(var, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", script, spec_path]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def cache_snapshot(cache: str) -> dict:
+    return {name: (os.stat(os.path.join(cache, name)).st_ino, os.stat(os.path.join(cache, name)).st_mtime_ns)
+            for name in sorted(os.listdir(cache))}
+
+
+def test_rank_init_builds_once_then_opens_and_feeds_a_distributed_loader(tmp_path):
+    from megacache.formats.tokenizer_ids import tokenizer_identifiers
+
+    rng = np.random.default_rng(4)
+    prefix = str(tmp_path / "corpus")
+    write_lengths(prefix, rng.integers(1, 120, 400))
+    cache = str(tmp_path / "cache")
+    spec = {"prefix": prefix, "L": 32, "sizes": [900, 40, 10], "split": "90,8,2", "seed": 99, "cache": cache,
+            "tokenizer": tokenizer_identifiers("NullTokenizer", vocab_size=1000), "out": str(tmp_path / "out"),
+            "tests": os.path.dirname(os.path.abspath(__file__))}
+    spec_path = str(tmp_path / "spec.json")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+
+    torchrun(spec_path)
+    first = [json.load(open(tmp_path / f"out.{r}.json")) for r in range(2)]
+    assert [m["built"] for m in first] == [True, True], first  # both ranks took part in the build
+    snapshot = cache_snapshot(cache)
+    assert len(snapshot) == 12 and not [n for n in snapshot if n.startswith(".")]
+
+    torchrun(spec_path)
+    second = [json.load(open(tmp_path / f"out.{r}.json")) for r in range(2)]
+    assert [m["built"] for m in second] == [False, False], second  # opened, nothing rebuilt
+    assert cache_snapshot(cache) == snapshot
+
+    for rank in range(2):
+        meta = second[rank]
+        assert meta["world"] == 2 and meta["len"] == meta["megatron_len"] >= 900
+        batches, expected = np.load(tmp_path / f"out.{rank}.npy")
+        assert batches.shape == (meta["indices"], 33)
+        np.testing.assert_array_equal(batches, expected, err_msg=f"rank {rank}")
