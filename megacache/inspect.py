@@ -20,7 +20,8 @@ import numpy as np
 
 from .errors import MegacacheError
 from .formats.cache import BLEND_FILES, GPT_FILES, SPLIT_NAMES, describe, description_hash
-from .formats.indexed import IndexedDataset, bin_path, idx_path
+from .algorithms.splits import split_ranges
+from .formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from .formats.npy import load_npy
 from .verify import CHUNK
 
@@ -82,6 +83,7 @@ class EntrySummary:
     description: dict | None = None
     arrays: dict[str, tuple[tuple[int, ...], np.dtype]] = field(default_factory=dict)
     samples: int | None = None
+    epochs: int | None = None           # GPTDataset: document index length / documents in the split
     dataset_counts: tuple[int, int] | None = None  # blends: fewest and most samples from one dataset
     problems: list[str] = field(default_factory=list)
 
@@ -130,9 +132,26 @@ def _read_entry(e: EntrySummary) -> None:
         e.arrays[what] = (array.shape, array.dtype)
         if what == "sample_index.npy":
             e.samples = max(array.shape[0] - 1, 0)
+        elif what == "document_index.npy":
+            e.epochs = _epochs(e, array.shape[0])
         elif what == "dataset_index.npy":
             e.samples = len(array)
             _count_blend(e, array)
+
+
+def _epochs(e: EntrySummary, document_index_length: int) -> int | None:
+    """Epochs of a GPTDataset entry, from its dataset's sequence count and split (None when the
+    dataset is not readable here)."""
+    ids = e.description if isinstance(e.description, dict) else {}
+    try:
+        n = read_layout(idx_path(ids["dataset_path"])).sequence_count
+        matrix = ids.get("split_matrix")
+        # per-split data hashes no matrix: the split is the whole dataset
+        bookend = (0.0, 1.0) if matrix is None else matrix[SPLIT_NAMES.index(e.split_name)]
+        lo, hi = split_ranges([bookend], n)[0]
+    except (MegacacheError, KeyError, TypeError, IndexError, ValueError):
+        return None
+    return document_index_length // (hi - lo) if hi > lo else None
 
 
 def _count_blend(e: EntrySummary, dataset_index: np.ndarray) -> None:
@@ -241,7 +260,8 @@ def _format_entry(e: EntrySummary, parents: dict[str, EntrySummary]) -> list[str
         counts = ""
         if e.dataset_counts is not None:
             counts = f" (per dataset: min {e.dataset_counts[0]:,}, max {e.dataset_counts[1]:,})"
-        lines.append(f"  {e.samples:,} samples{counts}")
+        epochs = f", {e.epochs} epoch(s)" if e.epochs is not None else ""
+        lines.append(f"  {e.samples:,} samples{epochs}{counts}")
     if ids is not None:
         if e.hash in parents:
             parent = parents[e.hash]

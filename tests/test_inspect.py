@@ -59,12 +59,12 @@ def test_gpt_cache_summary(gpt_cache, prefix):
     for job in jobs:
         e = by_hash[job.entry.hash]
         assert (e.class_name, e.split_name, e.md5_ok, e.missing) == ("GPTDataset", job.name, True, [])
-        assert e.samples == job.plan.num_samples
+        assert e.samples == job.plan.num_samples and e.epochs == job.plan.num_epochs
         for what in ("document_index.npy", "sample_index.npy", "shuffle_index.npy"):
             array = load_npy(job.entry.path(what))
             assert e.arrays[what] == (array.shape, array.dtype)
         assert f"{job.entry.hash} GPTDataset {job.name}: complete, md5 ok" in text
-        assert f"  {job.plan.num_samples:,} samples\n" in text
+        assert f"  {job.plan.num_samples:,} samples, {job.plan.num_epochs} epoch(s)\n" in text
     assert [e.split_name for e in summary.entries] == ["train", "valid", "test"]
     assert "num_samples 50 requested, sequence_length 8, random_seed 1234, split '80,10,10'" in text
     assert text.count(f"Megatron config: --data-path {prefix} --split 80,10,10 --seq-length 8 --seed 1234 "

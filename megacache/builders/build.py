@@ -37,7 +37,7 @@ from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.cache import SPLIT_NAMES, CacheEntry, blend_identifiers, existing, publish_entries
 from ..formats.npy import NpyWriter
-from ..fsio import remove_quietly, tmp_path
+from ..fsio import remove_quietly, sync_filesystems, tmp_path
 from .gpt import GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, open_datasets, plan_jobs
 from .scheduling import even_slice, largest_first
 
@@ -290,6 +290,13 @@ class Blending:
         counts = self._counts
         for b in self.chunked:
             counts[b.index] = self._repair(b, self._speculated[b.index])
+        error = None
+        try:
+            if self.todo:  # this rank's blend writes durable before rank 0 publishes (other nodes too)
+                sync_filesystems([self.cfg.cache_dir])
+        except OSError as exc:
+            error = exc
+        comm.check(error, "syncing the blend files")
         for part in comm.allgather({k: v for k, v in counts.items() if self.owners.get(k) == comm.rank}):
             counts.update(part)
         for b in self.todo:
@@ -425,12 +432,14 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
         comm.on_root(lambda: [os.makedirs(d, exist_ok=True) for d in directories] and None,
                      "creating the cache directories")
         blending.start()
-        timer.mark("blend_start")
+        if blending.todo:
+            timer.mark("blend_start")
         gpt.build(timer.phases)
         timer.since = time.monotonic()
         blending.finish()
         blending.check_oversampling()
-        timer.mark("blend_wait")
+        if blending.todo:
+            timer.mark("blend_wait")
         timer.since = time.monotonic()
         error = None
         try:
