@@ -120,23 +120,39 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
-    from .verify import summarize_dataset, verify_dataset
+    import os
 
-    failed = []
+    from .formats.indexed import bin_path, idx_path
+    from .verify import summarize_dataset, verify_cache, verify_dataset
+
+    failed, checked = [], 0
+
+    def report(name: str, summary: str, problems: list[str]) -> None:
+        if problems:
+            failed.append(name)
+            print("\n".join([f"FAIL {name}", *(f"  {p}" for p in problems)]), flush=True)
+        else:
+            print(f"ok   {summary}", flush=True)
+
     if comm.rank == 0:
-        for prefix in args.paths:
-            prefix = prefix[:-4] if prefix.endswith((".bin", ".idx")) else prefix
-            problems = verify_dataset(prefix, vocab_size=args.vocab_size)
-            if problems:
-                failed.append(prefix)
-                print(f"FAIL {prefix}", flush=True)
-                for p in problems:
-                    print(f"  {p}", flush=True)
+        for path in args.paths:
+            prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
+            # A prefix with its files is a dataset even when it is a directory too (Megatron's default
+            # cache directory lives under the prefix), as inspect decides.
+            if os.path.isdir(path) and not (os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix))):
+                verdicts = verify_cache(path)
+                if not verdicts:
+                    report(path, "", [f"{path}: no cache entries in this directory"])
+                checked += max(len(verdicts), 1)
+                for v in verdicts:
+                    report(v.title, f"{v.title}: {v.summary}", v.problems)
             else:
-                print(f"ok   {summarize_dataset(prefix)}", flush=True)
-    failed = comm.bcast(failed)
+                checked += 1
+                problems = verify_dataset(prefix, vocab_size=args.vocab_size)
+                report(prefix, "" if problems else summarize_dataset(prefix), problems)
+    failed, checked = comm.bcast((failed, checked))
     if failed:
-        raise MegacacheError(f"{len(failed)} of {len(args.paths)} dataset(s) failed verification")
+        raise MegacacheError(f"{len(failed)} of {checked} dataset(s) or cache entries failed verification")
 
 
 def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
@@ -243,8 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.set_defaults(func=_cmd_merge)
 
-    p = sub.add_parser("verify", help="check datasets (.bin/.idx) for consistency; exit 0 only if all hold")
-    p.add_argument("paths", nargs="+", metavar="PREFIX")
+    p = sub.add_parser("verify", help="check datasets (.bin/.idx) and cache directories for consistency; "
+                                      "exit 0 only if all hold")
+    p.add_argument("paths", nargs="+", metavar="PREFIX|CACHE_DIR")
     p.add_argument("--vocab-size", type=int, help="also check every token id is below this")
     p.set_defaults(func=_cmd_verify)
 

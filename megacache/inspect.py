@@ -23,7 +23,7 @@ from .formats.cache import BLEND_FILES, GPT_FILES, SPLIT_NAMES, describe, descri
 from .algorithms.splits import split_ranges
 from .formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from .formats.npy import load_npy
-from .verify import CHUNK
+from .verify import CHUNK, first_bad
 
 ENTRY_FILES = {"GPTDataset": GPT_FILES, "BlendedDataset": BLEND_FILES}
 ENTRY_NAME = re.compile(r"([0-9a-f]{32})-(GPTDataset|BlendedDataset)-(train|valid|test)-(.+)")
@@ -144,14 +144,19 @@ def _epochs(e: EntrySummary, document_index_length: int) -> int | None:
     dataset is not readable here)."""
     ids = e.description if isinstance(e.description, dict) else {}
     try:
-        n = read_layout(idx_path(ids["dataset_path"])).sequence_count
-        matrix = ids.get("split_matrix")
-        # per-split data hashes no matrix: the split is the whole dataset
-        bookend = (0.0, 1.0) if matrix is None else matrix[SPLIT_NAMES.index(e.split_name)]
-        lo, hi = split_ranges([bookend], n)[0]
+        lo, hi = split_range(ids, e.split_name, read_layout(idx_path(ids["dataset_path"])).sequence_count)
     except (MegacacheError, KeyError, TypeError, IndexError, ValueError):
         return None
     return document_index_length // (hi - lo) if hi > lo else None
+
+
+def split_range(ids: dict, split_name: str, n_sequences: int) -> tuple[int, int]:
+    """The sequences ``[beg, end)`` a GPTDataset description's split covers in a dataset of
+    ``n_sequences`` (TypeError when the description's matrix leaves this split empty)."""
+    matrix = ids.get("split_matrix")
+    # per-split data hashes no matrix: the split is the whole dataset
+    bookend = (0.0, 1.0) if matrix is None else matrix[SPLIT_NAMES.index(split_name)]
+    return split_ranges([bookend], n_sequences)[0]
 
 
 def _count_blend(e: EntrySummary, dataset_index: np.ndarray) -> None:
@@ -161,14 +166,15 @@ def _count_blend(e: EntrySummary, dataset_index: np.ndarray) -> None:
     if not isinstance(datasets, list) or not len(dataset_index):
         return
     d = len(datasets)
-    lo, hi = int(dataset_index.min()), int(dataset_index.max())
-    if lo < 0 or hi >= d:
-        e.problems.append(f"{e.path('dataset_index.npy')}: dataset ids span [{lo}, {hi}], outside the "
-                          f"description's {d} datasets")
-        return
     counts = np.zeros(d, dtype=np.int64)
     for a in range(0, len(dataset_index), CHUNK):
-        counts += np.bincount(dataset_index[a : a + CHUNK], minlength=d)
+        chunk = np.asarray(dataset_index[a : a + CHUNK])
+        bad = first_bad((chunk < 0) | (chunk >= d))
+        if bad is not None:
+            e.problems.append(f"{e.path('dataset_index.npy')}: dataset_index[{a + bad}] is {int(chunk[bad])}, "
+                              f"outside the description's {d} datasets")
+            return
+        counts += np.bincount(chunk, minlength=d)
     e.dataset_counts = (int(counts.min()), int(counts.max()))
 
 

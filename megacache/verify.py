@@ -1,23 +1,29 @@
-"""``megacache verify``: full consistency checks of a dataset (``.bin/.idx``).
+"""``megacache verify``: full consistency checks of a dataset (``.bin/.idx``) or a cache directory.
 
 Megatron's reader checks little beyond the header (megatron-compat.md §1.5); a truncated ``.bin``
-or shuffled boundaries load fine and train on garbage. This walks the whole index in bounded
-chunks (vectorized) and reports the first bad element of each check by file and position.
+or shuffled boundaries load fine and train on garbage, and so does a cache whose arrays were
+damaged or built from another version of the dataset. This walks every array in bounded chunks
+(vectorized) and reports the first bad element of each check by file and position.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import FormatError
+from .algorithms.gpt_index import GPTIndexPlan
+from .builders.gpt import array_shapes
+from .errors import FormatError, MegacacheError
+from .formats.cache import describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path
+from .formats.npy import load_npy
 
 CHUNK = 1 << 22  # elements per vectorized step: bounded memory for any dataset size
 
 
-def _first_bad(mask: np.ndarray) -> int | None:
+def first_bad(mask: np.ndarray) -> int | None:
     hits = np.flatnonzero(mask)
     return int(hits[0]) if len(hits) else None
 
@@ -42,7 +48,7 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
         problems.append(f"{idxf}: document_indices[-1] is {int(docs[-1])}, expected the sequence count {S}")
     for a in range(0, len(docs) - 1, CHUNK):
         chunk = np.asarray(docs[a : a + CHUNK + 1])
-        bad = _first_bad(np.diff(chunk) < 0)
+        bad = first_bad(np.diff(chunk) < 0)
         if bad is not None:
             k = a + bad
             problems.append(f"{idxf}: document_indices not monotone at entry {k + 1}: "
@@ -53,12 +59,12 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
     for a in range(0, S, CHUNK):
         lengths = np.asarray(ds.sequence_lengths[a : a + CHUNK], dtype=np.int64)
         pointers = np.asarray(ds.sequence_pointers[a : a + CHUNK])
-        bad = _first_bad(lengths < 0)
+        bad = first_bad(lengths < 0)
         if bad is not None:
             problems.append(f"{idxf}: sequence {a + bad} has negative length {int(lengths[bad])}")
             break
         want = expected + np.concatenate(([0], np.cumsum(lengths[:-1] * item)))
-        bad = _first_bad(pointers != want)
+        bad = first_bad(pointers != want)
         if bad is not None:
             problems.append(f"{idxf}: pointer of sequence {a + bad} is {int(pointers[bad])}, but the lengths "
                             f"before it put it at byte {int(want[bad])}")
@@ -73,7 +79,7 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
         tokens = ds._bin
         for a in range(0, len(tokens), CHUNK):
             chunk = np.asarray(tokens[a : a + CHUNK])
-            bad = _first_bad((chunk < 0) | (chunk >= vocab_size))
+            bad = first_bad((chunk < 0) | (chunk >= vocab_size))
             if bad is not None:
                 problems.append(f"{binf}: token {a + bad} has id {int(chunk[bad])}, outside the vocabulary "
                                 f"of size {vocab_size}")
@@ -86,3 +92,259 @@ def summarize_dataset(prefix: str) -> str:
     tokens = int(ds.bin_size // ds.dtype.itemsize)
     return (f"{prefix}: {ds.num_documents:,} documents, {len(ds):,} sequences, {tokens:,} tokens "
             f"({ds.dtype.name})")
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache directories
+
+
+@dataclass
+class EntryVerdict:
+    """The checks of one cache entry: a one-line summary when sound, else the problems."""
+
+    hash: str
+    class_name: str
+    split_name: str
+    summary: str = ""
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"{self.hash} {self.class_name} {self.split_name}"
+
+
+def verify_cache(directory: str) -> list[EntryVerdict]:
+    """Every entry of a cache directory, checked against its description, its dataset and its blend's
+    children (in the same directory)."""
+    # Imported here: inspect imports this module's chunking helpers.
+    from .inspect import inspect_cache
+
+    entries = inspect_cache(directory).entries
+    gpt = {e.hash: e for e in entries if e.class_name == "GPTDataset"}
+    verdicts = []
+    for e in entries:
+        v = EntryVerdict(e.hash, e.class_name, e.split_name, problems=list(e.problems))
+        # Deeper checks need every array readable and a description to check them against.
+        whole = not e.missing and len(e.arrays) == len(e.present) - 1 and isinstance(e.description, dict)
+        if whole and e.class_name == "GPTDataset":
+            _verify_gpt(e, v)
+        elif whole:
+            _verify_blend(e, v, gpt)
+        verdicts.append(v)
+    return verdicts
+
+
+def _dtype_problem(path: str, array: np.ndarray, dtypes: tuple, ndim: int, what: str) -> str | None:
+    if array.dtype in dtypes and array.ndim == ndim:
+        return None
+    allowed = " or ".join(np.dtype(d).name for d in dtypes)
+    return f"{path}: {array.dtype.name}{list(array.shape)}, expected {what} of {allowed}"
+
+
+def _matching_plans(e, lengths: np.ndarray, split_range: tuple[int, int], shapes: dict) -> list[GPTIndexPlan]:
+    """The plans whose arrays have these lengths, shapes and dtypes. The description does not record
+    add_extra_token or drop_last (Megatron's hash ignores them), so every setting Megatron can use
+    is tried: drop_last is configurable for the valid split only."""
+    ids = e.description
+    drop_lasts = (True, False) if e.split_name == "valid" else (True,)
+    plans = []
+    for x in (1, 0):
+        for drop_last in drop_lasts:
+            try:
+                p = GPTIndexPlan.for_split(lengths, split_range, ids.get("num_samples"),
+                                           ids.get("sequence_length"), x, drop_last)
+            except MegacacheError:
+                continue
+            if shapes == {what: (shape, dtype) for what, (dtype, shape) in array_shapes(p).items()}:
+                plans.append(p)
+    return plans
+
+
+def _verify_gpt(e, v: EntryVerdict) -> None:
+    from .inspect import split_range
+
+    ids = e.description
+    doc_path, sample_path, shuffle_path = (e.path(w) for w in ("document_index.npy", "sample_index.npy",
+                                                               "shuffle_index.npy"))
+    doc, samples, shuffled = load_npy(doc_path), load_npy(sample_path), load_npy(shuffle_path)
+    bad_dtypes = [p for p in (
+        _dtype_problem(doc_path, doc, (np.int32,), 1, "1-D"),
+        _dtype_problem(sample_path, samples, (np.int32, np.int64), 2, "rows of 2"),
+        _dtype_problem(shuffle_path, shuffled, (np.uint32, np.int64), 1, "1-D"),
+    ) if p]
+    if samples.ndim == 2 and samples.shape[1] != 2:
+        bad_dtypes.append(f"{sample_path}: shape {list(samples.shape)}, expected rows of 2 (position, offset)")
+    if bad_dtypes:
+        v.problems += bad_dtypes
+        return
+    try:
+        dataset = IndexedDataset(str(ids["dataset_path"]))
+    except (MegacacheError, KeyError) as exc:
+        v.problems.append(f"{e.path('description.txt')}: its dataset cannot be read ({exc}); run verify where "
+                          f"the description's dataset_path resolves")
+        return
+    lengths = dataset.sequence_lengths
+    try:
+        lo, hi = split_range(ids, e.split_name, len(lengths))
+    except (TypeError, IndexError, ValueError):
+        v.problems.append(f"{e.path('description.txt')}: split_matrix {ids.get('split_matrix')!r} gives the "
+                          f"{e.split_name} split no sequence range")
+        return
+    plans = _matching_plans(e, lengths, (lo, hi), {w: e.arrays[w] for w in e.arrays})
+    if not plans:
+        v.problems.append(f"{sample_path}: shapes match no plan for this dataset: the dataset changed since the "
+                          f"cache was built, or the cache is corrupt")
+    doc_problems = _check_document_index(doc_path, doc, lo, hi)
+    v.problems += doc_problems
+    n = len(samples) - 1
+    if not doc_problems:  # the offsets are checked against the documents the index names
+        # The exact offset rule depends on add_extra_token: the rows must obey it for one setting
+        # (a matching plan's, or either when none matches).
+        extra_tokens = list(dict.fromkeys(p.add_extra_token for p in plans)) or [1, 0]
+        sample_problems, viable = _check_sample_index(sample_path, samples, doc, lengths, extra_tokens)
+        v.problems += sample_problems
+        plans = [p for p in plans if p.add_extra_token in viable]
+    v.problems += _check_shuffle_index(shuffle_path, shuffled, n)
+    if not v.problems:
+        matched = " or ".join(f"add_extra_token={bool(p.add_extra_token)} drop_last={p.drop_last}" for p in plans)
+        epochs = len(doc) // (hi - lo) if hi > lo else 0
+        v.summary = (f"{n:,} samples, {epochs} epoch(s) of sequences [{lo:,}, {hi:,}) of {ids['dataset_path']}; "
+                     f"plan matches {matched}")
+
+
+def _check_document_index(path: str, doc: np.ndarray, lo: int, hi: int) -> list[str]:
+    """Values inside the split's sequences, each sequence as often as the others (once per epoch)."""
+    counts = np.zeros(hi - lo, dtype=np.int64)
+    for a in range(0, len(doc), CHUNK):
+        chunk = np.asarray(doc[a : a + CHUNK])
+        bad = first_bad((chunk < lo) | (chunk >= hi))
+        if bad is not None:
+            return [f"{path}: document_index[{a + bad}] is {int(chunk[bad])}, outside the split's sequences "
+                    f"[{lo}, {hi})"]
+        counts += np.bincount(chunk - lo, minlength=hi - lo)
+    epochs = len(doc) // (hi - lo) if hi > lo else 0
+    bad = first_bad(counts != epochs)
+    if bad is not None:
+        return [f"{path}: sequence {lo + bad} appears {int(counts[bad])} times, but {len(doc):,} positions over "
+                f"{hi - lo:,} sequences make {len(doc) / max(hi - lo, 1):g} epochs: each must appear once per epoch"]
+    return []
+
+
+def _check_sample_index(path: str, samples: np.ndarray, doc: np.ndarray, lengths: np.ndarray,
+                        extra_tokens: list[int]) -> tuple[list[str], list[int]]:
+    """Row 0 is (0, 0); positions rise and stay inside the document index; each offset is one Megatron's
+    walk records. Sample k starts at stream token k·L; with S[i] the tokens before position i, its row
+    is the smallest i with S[i+1] >= k·L + x, so 1 - x <= offset <= len(document i) - x. Rows past the
+    last token (no drop_last) repeat (M-1, len(last document) - x), which is -x for an empty one.
+    The problems, and the settings of x (from ``extra_tokens``, in order of preference) all rows obey."""
+    M = len(doc)
+    if len(samples) and (samples[0, 0] != 0 or samples[0, 1] != 0):
+        return [f"{path}: sample_index[0] is ({int(samples[0, 0])}, {int(samples[0, 1])}), expected (0, 0)"], []
+    previous = 0
+    viable = list(extra_tokens)
+    for a in range(1, len(samples), CHUNK):
+        rows = np.asarray(samples[a : a + CHUNK], dtype=np.int64)
+        positions, offsets = rows[:, 0], rows[:, 1]
+        steps = np.diff(positions, prepend=previous)
+        bad = first_bad(steps < 0)
+        if bad is not None:
+            return [f"{path}: sample_index not monotone at row {a + bad}: document position "
+                    f"{int(positions[bad] - steps[bad])} then {int(positions[bad])}"], []
+        bad = first_bad(positions >= M)
+        if bad is not None:
+            return [f"{path}: sample_index[{a + bad}] has document position {int(positions[bad])}, outside the "
+                    f"document index of {M:,} positions"], []
+        length = lengths[doc[positions]].astype(np.int64)
+        failures = []
+        for x in viable:
+            past_end = (positions == M - 1) & (offsets == length - x)
+            bad = first_bad(((offsets < 1 - x) | (offsets > length - x)) & ~past_end)
+            if bad is not None:
+                failures.append((x, bad))
+        viable = [x for x in viable if x not in {x for x, _ in failures}]
+        if not viable:
+            x, bad = failures[0]
+            p = int(positions[bad])
+            return [f"{path}: sample_index[{a + bad}] is ({p}, {int(offsets[bad])}), but the document at position "
+                    f"{p} (sequence {int(doc[p])}) has {int(length[bad])} tokens: offsets lie in "
+                    f"[{1 - x}, {int(length[bad]) - x}]"], []
+        previous = int(positions[-1])
+    return [], viable
+
+
+def _check_shuffle_index(path: str, shuffled: np.ndarray, num_samples: int) -> list[str]:
+    """A permutation of [0, len) covering at least every sample."""
+    if len(shuffled) < num_samples:
+        return [f"{path}: {len(shuffled):,} entries, fewer than the sample index's {num_samples:,} samples"]
+    seen = np.zeros(len(shuffled), dtype=bool)
+    for a in range(0, len(shuffled), CHUNK):
+        chunk = np.asarray(shuffled[a : a + CHUNK], dtype=np.int64)
+        bad = first_bad((chunk < 0) | (chunk >= len(shuffled)))
+        if bad is not None:
+            return [f"{path}: shuffle_index[{a + bad}] is {int(chunk[bad])}, outside [0, {len(shuffled):,})"]
+        # Repeats of earlier chunks, and within this one (a stable sort keeps the first of equals first).
+        repeats = np.flatnonzero(seen[chunk])
+        order = np.argsort(chunk, kind="stable")
+        ordered = chunk[order]
+        within = order[1:][ordered[1:] == ordered[:-1]]
+        if len(repeats) or len(within):
+            bad = min(repeats[:1].tolist() + within.tolist())
+            return [f"{path}: shuffle_index[{a + bad}] is {int(chunk[bad])}, which appears earlier too: not a "
+                    f"permutation"]
+        seen[chunk] = True
+    return []
+
+
+def _verify_blend(e, v: EntryVerdict, gpt: dict) -> None:
+    ids = e.description
+    index_path, sample_path = e.path("dataset_index.npy"), e.path("dataset_sample_index.npy")
+    dataset_index, sample_index = load_npy(index_path), load_npy(sample_path)
+    bad_dtypes = [p for p in (_dtype_problem(index_path, dataset_index, (np.int16,), 1, "1-D"),
+                              _dtype_problem(sample_path, sample_index, (np.int64,), 1, "1-D")) if p]
+    if bad_dtypes:
+        v.problems += bad_dtypes
+        return
+    datasets, size, weights = ids.get("datasets"), ids.get("size"), ids.get("weights")
+    if not isinstance(datasets, list):
+        v.problems.append(f"{e.path('description.txt')}: no list of datasets")
+        return
+    if size is None and isinstance(weights, list) and all(isinstance(w, int) for w in weights):
+        size = sum(weights)  # an unweighted blend takes every sample of every dataset
+    for path, array in ((index_path, dataset_index), (sample_path, sample_index)):
+        if len(array) != size:
+            v.problems.append(f"{path}: {len(array):,} samples, but the description's size is {size}")
+    if v.problems:
+        return  # includes inspect's dataset ids outside the description's datasets
+    counts = np.zeros(len(datasets), dtype=np.int64)  # samples so far of each dataset
+    for a in range(0, len(dataset_index), CHUNK):
+        chunk = np.asarray(dataset_index[a : a + CHUNK], dtype=np.int64)
+        got = np.asarray(sample_index[a : a + CHUNK])
+        # The samples of dataset d must be d's 0, 1, 2, ... in order: rank each element among its
+        # dataset's elements in this chunk (stable sort), then add the samples of earlier chunks.
+        order = np.argsort(chunk, kind="stable")
+        grouped = chunk[order]
+        group_start = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+        group_sizes = np.diff(np.r_[group_start, len(grouped)])
+        rank = np.arange(len(grouped)) - np.repeat(group_start, group_sizes)
+        want = np.empty(len(chunk), dtype=np.int64)
+        want[order] = counts[grouped] + rank
+        bad = first_bad(got != want)
+        if bad is not None:
+            v.problems.append(f"{sample_path}: dataset_sample_index[{a + bad}] is {int(got[bad])}, but it is sample "
+                              f"{int(want[bad])} drawn from dataset {int(chunk[bad])}: each dataset's samples must "
+                              f"be 0, 1, 2, ... in order")
+            return
+        counts += np.bincount(chunk, minlength=len(datasets))
+    for d, child in enumerate(datasets):
+        child_hash = description_hash(describe(child))
+        entry = gpt.get(child_hash)
+        name = child.get("dataset_path") if isinstance(child, dict) else child
+        if entry is None or "sample_index.npy" not in entry.arrays:
+            v.problems.append(f"{e.path('description.txt')}: dataset {d} ({name}) has no GPTDataset entry "
+                              f"{child_hash} in {e.directory}: rebuild the cache")
+        elif counts[d] > entry.samples:
+            v.problems.append(f"{index_path}: {int(counts[d]):,} samples drawn from dataset {d} ({name}), but its "
+                              f"entry {child_hash} has only {entry.samples:,}")
+    if not v.problems:
+        spread = f" (per dataset: min {int(counts.min()):,}, max {int(counts.max()):,})" if len(counts) else ""
+        v.summary = (f"{len(dataset_index):,} samples from {len(datasets):,} datasets{spread}")
