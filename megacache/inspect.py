@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .algorithms.splits import split_ranges
+from .chunks import CHUNK, first_bad
 from .errors import MegacacheError
 from .formats.cache import BLEND_FILES, GPT_FILES, SPLIT_NAMES, describe, description_hash
-from .algorithms.splits import split_ranges
 from .formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from .formats.npy import load_npy
-from .verify import CHUNK, first_bad
 
 ENTRY_FILES = {"GPTDataset": GPT_FILES, "BlendedDataset": BLEND_FILES}
 ENTRY_NAME = re.compile(r"([0-9a-f]{32})-(GPTDataset|BlendedDataset)-(train|valid|test)-(.+)")

@@ -15,17 +15,13 @@ import numpy as np
 
 from .algorithms.gpt_index import GPTIndexPlan
 from .builders.gpt import array_shapes
+from .chunks import CHUNK, first_bad
 from .errors import FormatError, MegacacheError
 from .formats.cache import describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path
 from .formats.npy import load_npy
+from .inspect import inspect_cache, split_range
 
-CHUNK = 1 << 22  # elements per vectorized step: bounded memory for any dataset size
-
-
-def first_bad(mask: np.ndarray) -> int | None:
-    hits = np.flatnonzero(mask)
-    return int(hits[0]) if len(hits) else None
 
 
 def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: bool = True) -> list[str]:
@@ -116,9 +112,6 @@ class EntryVerdict:
 def verify_cache(directory: str) -> list[EntryVerdict]:
     """Every entry of a cache directory, checked against its description, its dataset and its blend's
     children (in the same directory)."""
-    # Imported here: inspect imports this module's chunking helpers.
-    from .inspect import inspect_cache
-
     entries = inspect_cache(directory).entries
     gpt = {e.hash: e for e in entries if e.class_name == "GPTDataset"}
     verdicts = []
@@ -161,8 +154,6 @@ def _matching_plans(e, lengths: np.ndarray, split_range: tuple[int, int], shapes
 
 
 def _verify_gpt(e, v: EntryVerdict) -> None:
-    from .inspect import split_range
-
     ids = e.description
     doc_path, sample_path, shuffle_path = (e.path(w) for w in ("document_index.npy", "sample_index.npy",
                                                                "shuffle_index.npy"))
