@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 from build_gpt import write_dataset
-from harness import compare_builds, machine_before, record_and_report
+from harness import add_common_args, compare_builds, machine_before, record_and_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -52,17 +52,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--datasets", type=int, default=1000)
     ap.add_argument("--tokens", type=float, default=5e10)
-    ap.add_argument("--mean-length", type=float, default=1000, help="mean document length in tokens")
-    ap.add_argument("--sigma", type=float, default=1.0, help="lognormal shape of the document lengths")
-    ap.add_argument("--seq-length", type=int, default=4096)
     ap.add_argument("--sizes", default="12000000,120000,12000", help="train,valid,test samples")
-    ap.add_argument("--split", default="969,30,1")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--vocab-size", type=int, default=32000)
-    ap.add_argument("--ranks", default="1,2", help="megacache rank counts, comma-separated")
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply --tokens and --sizes (quick runs)")
-    ap.add_argument("--results", default=os.path.join(HERE, "results", "build_blend.jsonl"))
+    add_common_args(ap, "969,30,1", os.path.join(HERE, "results", "build_blend.jsonl"))
     args = ap.parse_args()
     sizes = [int(int(s) * args.scale) for s in args.sizes.split(",")]
     ranks = [int(r) for r in args.ranks.split(",")]

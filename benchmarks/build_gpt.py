@@ -27,7 +27,7 @@ import tempfile
 import time
 
 import numpy as np
-from harness import compare_builds, machine_before, record_and_report
+from harness import add_common_args, compare_builds, machine_before, record_and_report
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -58,20 +58,12 @@ def train_samples_for(lengths: np.ndarray, split: str, seq_length: int, epochs: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--documents", type=float, default=2e7)
-    ap.add_argument("--mean-length", type=float, default=1000, help="mean document length in tokens")
-    ap.add_argument("--sigma", type=float, default=1.0, help="lognormal shape of the document lengths")
-    ap.add_argument("--seq-length", type=int, default=4096)
     ap.add_argument("--epochs", type=float, default=2.5, help="train samples as epochs of the train split")
     ap.add_argument("--global-batch-size", type=int, default=512)
     ap.add_argument("--eval-iters", type=int, default=100)
     ap.add_argument("--eval-interval", type=int, default=1000)
-    ap.add_argument("--split", default="969, 30, 1")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--vocab-size", type=int, default=32000)
-    ap.add_argument("--ranks", default="1,2", help="megacache rank counts, comma-separated")
-    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scale", type=float, default=1.0, help="multiply --documents (quick runs)")
-    ap.add_argument("--results", default=os.path.join(HERE, "results", "build_gpt.jsonl"))
+    add_common_args(ap, "969, 30, 1", os.path.join(HERE, "results", "build_gpt.jsonl"))
     args = ap.parse_args()
     documents = int(args.documents * args.scale)
     ranks = [int(r) for r in args.ranks.split(",")]

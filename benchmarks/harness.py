@@ -95,6 +95,19 @@ def assert_same_cache(ours: str, theirs: str) -> int:
     return sum(os.path.getsize(os.path.join(theirs, n)) for n in names)
 
 
+def add_common_args(ap, split: str, results: str) -> None:
+    """The flags both build benchmarks take: document shape, Megatron settings, ranks, repeats."""
+    ap.add_argument("--mean-length", type=float, default=1000, help="mean document length in tokens")
+    ap.add_argument("--sigma", type=float, default=1.0, help="lognormal shape of the document lengths")
+    ap.add_argument("--seq-length", type=int, default=4096)
+    ap.add_argument("--split", default=split)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--vocab-size", type=int, default=32000)
+    ap.add_argument("--ranks", default="1,2", help="megacache rank counts, comma-separated")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--results", default=results)
+
+
 def compare_builds(mcore_args: dict, build_args: list[str], ranks: list[int], repeats: int, work: str):
     """Alternate megatron-core and megacache at each P, ``repeats`` times; every cache must equal
     megatron-core's. Returns (megatron runs, megacache runs per P, cache bytes)."""

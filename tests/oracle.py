@@ -29,14 +29,13 @@ def load_mcore():
     )
 
 
-def megatron_splits(mcore, prefix, split, sizes, seed, L, x, drop_last_valid, path_to_cache=None):
-    """megatron-core's GPTDatasets for the three splits of ``prefix`` (None where a split is empty).
-    With ``path_to_cache`` it also writes its cache files there."""
+def megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache=None, **data):
+    """megatron-core's ``BlendedMegatronDatasetBuilder(...).build()`` for the tests' configuration (the
+    null tokenizer, no reset/eod flags); ``data`` is ``blend=(prefixes, weights), split=...`` or
+    ``blend_per_split=[...]``. With ``path_to_cache`` it also writes its cache files there."""
     config = mcore.gpt.GPTDatasetConfig(
         random_seed=seed,
         sequence_length=L,
-        blend=([prefix], None),
-        split=split,
         tokenizer=mcore.tokenizer,
         reset_position_ids=False,
         reset_attention_mask=False,
@@ -44,10 +43,17 @@ def megatron_splits(mcore, prefix, split, sizes, seed, L, x, drop_last_valid, pa
         add_extra_token_to_sequence=bool(x),
         drop_last_partial_validation_sequence=drop_last_valid,
         path_to_cache=path_to_cache,
+        **data,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return mcore.Builder(mcore.gpt.GPTDataset, sizes, lambda: True, config).build()
+
+
+def megatron_splits(mcore, prefix, split, sizes, seed, L, x, drop_last_valid, path_to_cache=None):
+    """megatron-core's GPTDatasets for the three splits of ``prefix`` (None where a split is empty)."""
+    return megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache,
+                             blend=([prefix], None), split=split)
 
 
 def write_lengths(prefix, lengths):

@@ -9,7 +9,6 @@ would."""
 from __future__ import annotations
 
 import os
-import warnings
 from contextlib import contextmanager, nullcontext
 
 import numpy as np
@@ -19,7 +18,7 @@ from corpus import free_port
 from megacache.blendspec import parse_blend
 from megacache.builders.build import BuildConfig
 from megacache.comm import Comm, SingleComm, get_comm
-from oracle import load_mcore, sweep_configurations, write_lengths
+from oracle import load_mcore, megatron_datasets, sweep_configurations, write_lengths
 from test_build import NULL_TOKENIZER, build_and_compare
 
 #: splits whose every non-empty range holds >= 5 % of the sequences
@@ -87,18 +86,12 @@ def per_split_blends(c: dict, prefixes: list[str]) -> list:
 
 def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
     """megatron-core builds and saves every cache (in a torch_group); None, or why it refuses."""
-    common = dict(random_seed=c["seed"], sequence_length=c["L"], tokenizer=mcore.tokenizer,
-                  reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                  add_extra_token_to_sequence=bool(c["x"]),
-                  drop_last_partial_validation_sequence=c["drop_last"], path_to_cache=cache)
     if c["per_split"]:
-        config = mcore.gpt.GPTDatasetConfig(blend_per_split=per_split_blends(c, prefixes), **common)
+        data = dict(blend_per_split=per_split_blends(c, prefixes))
     else:
-        config = mcore.gpt.GPTDatasetConfig(blend=(prefixes, c["weights"]), split=c["split"], **common)
+        data = dict(blend=(prefixes, c["weights"]), split=c["split"])
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mcore.Builder(mcore.gpt.GPTDataset, c["sizes"], lambda: True, config).build()
+        megatron_datasets(mcore, c["sizes"], c["seed"], c["L"], c["x"], c["drop_last"], cache, **data)
     except Exception as exc:  # megacache must refuse these too
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -15,7 +15,7 @@ from megacache.api import BlendedSamples, BuildConfig, GPTSamples, build, open_c
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import IndexLayout, IndexWriter
-from oracle import load_mcore, write_lengths
+from oracle import load_mcore, megatron_datasets, write_lengths
 from test_blend_build import megatron_build, torch_group
 from test_build import NULL_TOKENIZER, cache_files
 
@@ -151,12 +151,9 @@ def check_cli_blends(tmp_path, ranks, prefixes, args_file, per_split, sizes, com
         if kind == "whole":
             assert megatron_build(mcore, prefixes, c, theirs) is None
         else:
-            config = mcore.gpt.GPTDatasetConfig(
-                random_seed=77, sequence_length=32, tokenizer=mcore.tokenizer, reset_position_ids=False,
-                reset_attention_mask=False, eod_mask_loss=False, path_to_cache=theirs,
-                blend_per_split=[([prefixes[0], prefixes[1]], [3.0, 1.0]), ([prefixes[2]], None),
-                                 ([prefixes[0], prefixes[2]], None)])
-            mcore.Builder(mcore.gpt.GPTDataset, list(sizes), lambda: True, config).build()
+            megatron_datasets(mcore, list(sizes), 77, 32, 1, True, theirs,
+                              blend_per_split=[([prefixes[0], prefixes[1]], [3.0, 1.0]), ([prefixes[2]], None),
+                                               ([prefixes[0], prefixes[2]], None)])
         ours = str(tmp_path / f"ours-{kind}-{ranks}")
         proc = run_megacache(ranks, "build", *data, *common, "--data-cache-path", ours)
         assert "BlendedDataset" in proc.stdout or "blend" in proc.stdout

@@ -211,7 +211,7 @@ def rank_main(spec_path: str) -> None:
     import megatron.core
     import torch
     import torch.distributed as dist
-    from oracle import load_mcore
+    from oracle import load_mcore, megatron_datasets
 
     spec = json.loads(Path(spec_path).read_text())
     dist.init_process_group("gloo")
@@ -224,14 +224,8 @@ def rank_main(spec_path: str) -> None:
     mlog.addHandler(handler)
 
     mcore = load_mcore()
-    config = mcore.gpt.GPTDatasetConfig(
-        random_seed=SEED, sequence_length=L, blend=(spec["prefixes"], spec["weights"]), split=SPLIT,
-        tokenizer=mcore.tokenizer, reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-        add_extra_token_to_sequence=bool(X), drop_last_partial_validation_sequence=False,
-        path_to_cache=spec["cache"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        datasets = mcore.Builder(mcore.gpt.GPTDataset, spec["sizes"], lambda: True, config).build()
+    datasets = megatron_datasets(mcore, spec["sizes"], SEED, L, X, False, spec["cache"],
+                                 blend=(spec["prefixes"], spec["weights"]), split=SPLIT)
     meta = {"rank": rank, "world_size": dist.get_world_size(), "megatron": megatron.core.__version__,
             "log": log, "splits": {}}
     out = {}

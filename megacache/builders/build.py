@@ -136,7 +136,7 @@ def _check_sizes(cfg: BuildConfig) -> None:
     for name, n in zip(SPLIT_NAMES, cfg.sizes):
         if n is not None and (not isinstance(n, (int, np.integer)) or n < 0):
             raise MegacacheError(f"the {name} sample count must be a non-negative integer, got {n!r}")
-    if not (0 <= cfg.surplus < 1e6) or cfg.surplus != cfg.surplus:
+    if not 0 <= cfg.surplus < 1e6:  # NaN fails this too
         raise MegacacheError(f"mid_level_dataset_surplus must be >= 0, got {cfg.surplus!r}")
 
 
@@ -250,7 +250,8 @@ class Blending:
                     for what in (*BLEND_ARRAYS, "description.txt")}
         self.chunked = [b for b in todo if b.weights is not None and comm.size > 1
                         and b.size // comm.size >= cfg.blend_min_chunk]
-        whole = [b for b in todo if b not in self.chunked]
+        chunked = {b.index for b in self.chunked}
+        whole = [b for b in todo if b.index not in chunked]
         self.owners = dict(zip((b.index for b in whole), largest_first([b.size for b in whole], comm.size)))
 
     def start(self) -> None:
@@ -428,9 +429,11 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     blending = Blending([b for b in blends if not b.reused], cfg, comm, tag)
     gpt = GPTBuild(jobs, datasets, settings, comm, tag)
     try:
-        directories = sorted({j.entry.directory for j in gpt.todo})
-        comm.on_root(lambda: [os.makedirs(d, exist_ok=True) for d in directories] and None,
-                     "creating the cache directories")
+        def make_directories() -> None:
+            for d in sorted({j.entry.directory for j in gpt.todo}):
+                os.makedirs(d, exist_ok=True)
+
+        comm.on_root(make_directories, "creating the cache directories")
         blending.start()
         if blending.todo:
             timer.mark("blend_start")

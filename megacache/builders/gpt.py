@@ -299,7 +299,7 @@ class GPTBuild:
         starts = np.concatenate([[0], np.cumsum(lengths)])
         total = int(starts[-1])
         g0, g1 = even_slice(total, self.comm.rank, self.comm.size)
-        bounds = np.array([even_slice(total, r, self.comm.size)[0] for r in range(self.comm.size)])
+        bounds = np.arange(self.comm.size, dtype=np.int64) * total // self.comm.size  # every rank's even_slice start
         pieces = []
         for job, s, n in zip(self.todo, starts.tolist(), lengths.tolist()):
             if n == 0:
@@ -329,7 +329,7 @@ class GPTBuild:
         # which is that rank's last piece.
         last = (pieces[-1][0].index, int(sums[-1][-1]) if len(sums[-1]) else 0) if pieces else None
         before = 0
-        for r, item in enumerate(comm.allgather(last)[: comm.rank]):
+        for item in comm.allgather(last)[: comm.rank]:
             if item is not None and pieces and item[0] == pieces[0][0].index:
                 before += item[1]
         try:

@@ -89,7 +89,7 @@ class CacheEntry:
 
     def exists(self) -> bool:
         """Megatron's cache-hit rule: every file is present."""
-        return all(os.path.isfile(p) for p in self.paths().values())
+        return existing([self])[0]
 
 
 def existing(entries) -> list[bool]:

@@ -68,9 +68,6 @@ class NpyWriter:
             raise ValueError(f"{self.path}: rows {first}..{first + len(rows)} outside {self.shape[0]}")
         pwrite_all(self.fd, rows, self.header_size + first * self.row_bytes)
 
-    def fsync(self) -> None:
-        os.fsync(self.fd)
-
     def close(self) -> None:
         os.close(self.fd)
 
