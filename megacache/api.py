@@ -11,7 +11,7 @@
     tokens = splits["train"][0]   # int64[seq_length + 1], as megatron-core's dataset reads it
 
 ``open_cache`` needs no other rank: each process plans on its own (reading the sequence lengths)
-and memory-maps the files, so ranks that find a finished cache never wait on each other.
+and memory-maps the files.
 """
 
 from __future__ import annotations
@@ -58,14 +58,17 @@ class PreparedCache:
 def prepare_cache(cfg: BuildConfig, timeout_s: float = 3600.0, pad_id: int = NO_PAD) -> PreparedCache:
     """For rank init under torchrun, after ``torch.distributed.init_process_group`` (any backend).
 
-    If the cache is built, every rank opens it on its own: no collective, no barrier. If not, every
-    rank of the job builds it together over a gloo group of its own, whose timeout (``timeout_s``)
-    is separate from the training collectives', then opens it. Every rank must call this with the
-    same configuration; the cache must not be built by another job at the same moment (every rank
-    has to see the same state)."""
+    Every rank tries to open the cache on its own; one small allgather, over a gloo group of its
+    own whose timeout (``timeout_s``) is separate from the training collectives', tells whether all
+    did. If any could not (another job may be finishing it at this moment, so ranks can see
+    different states), every rank builds together (waiting for that job's lock, then reusing what it
+    built), then opens. Every rank must call this with the same configuration."""
     try:
-        return PreparedCache(open_cache(cfg, pad_id), None)
+        splits = open_cache(cfg, pad_id)
     except CacheNotBuilt:
-        pass
-    result = build(cfg, TorchComm(timeout_s=timeout_s))
+        splits = None
+    comm = TorchComm(timeout_s=timeout_s)
+    if all(comm.allgather(splits is not None)):
+        return PreparedCache(splits, None)
+    result = build(cfg, comm)
     return PreparedCache(open_cache(cfg, pad_id), result)

@@ -95,7 +95,7 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
                       blend_per_split=per_split, split=split, seed=args.seed, cache_dir=args.data_cache_path,
                       add_extra_token=not args.no_add_extra_token_to_sequence,
                       drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence,
-                      surplus=args.mid_level_dataset_surplus)
+                      surplus=args.mid_level_dataset_surplus, rebuild_stale=args.rebuild_stale)
     result = build(cfg, comm)
     if comm.rank != 0:
         return
@@ -152,7 +152,8 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
                 report(prefix, "" if problems else summarize_dataset(prefix), problems)
     failed, checked = comm.bcast((failed, checked))
     if failed:
-        raise MegacacheError(f"{len(failed)} of {checked} dataset(s) or cache entries failed verification")
+        shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
+        raise MegacacheError(f"{len(failed)} of {checked} dataset(s) or cache entries failed verification: {shown}")
 
 
 def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
@@ -235,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPTDatasetConfig.add_extra_token_to_sequence=False")
     p.add_argument("--no-drop-last-partial-validation-sequence", action="store_true",
                    help="GPTDatasetConfig.drop_last_partial_validation_sequence=False")
+    p.add_argument("--rebuild-stale", action="store_true",
+                   help="replace existing entries built from other data or settings (default: refuse)")
     g = p.add_argument_group("tokenizer (hashed into the cache name; give what training is given)")
     g.add_argument("--tokenizer-type")
     g.add_argument("--tokenizer-model")

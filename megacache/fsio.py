@@ -10,17 +10,34 @@ import ctypes
 import ctypes.util
 import json
 import os
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
+from .errors import MegacacheError
+
 TMP_MARK = ".megacache-tmp"
+#: the hidden directory megacache keeps beside its outputs (locks, rank records, the manifest)
+STATE_DIR = ".megacache"
 
 try:
     _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     _libc.syncfs.argtypes = [ctypes.c_int]
 except (OSError, AttributeError):  # not Linux/glibc: fall back to os.sync
     _libc = None
+
+
+@contextmanager
+def writing(path: str):
+    """An OSError while writing ``path`` (no space, quota, file-size limit, permissions) as an error
+    that names the file, instead of a bare errno."""
+    try:
+        yield
+    except OSError as exc:
+        raise MegacacheError(
+            f"{path}: cannot write ({exc.strerror or exc}); make room for the output (disk space, quota, "
+            f"file-size limit) in a writable directory and run again") from None
 
 
 def tmp_path(path: str, tag: str) -> str:
@@ -126,5 +143,5 @@ def read_json(path: str) -> Any:
 def remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         pass

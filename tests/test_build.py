@@ -44,9 +44,11 @@ def random_config(rng: np.random.Generator) -> dict:
 
 
 def cache_files(directory: str) -> dict[str, bytes]:
+    """Megatron's files in a cache directory (megacache's own state directory left out)."""
     if not os.path.isdir(directory):
         return {}
-    return {n: open(os.path.join(directory, n), "rb").read() for n in sorted(os.listdir(directory))}
+    return {e.name: open(e.path, "rb").read() for e in sorted(os.scandir(directory), key=lambda e: e.name)
+            if e.is_file()}
 
 
 def build_and_compare(cfg, comm, theirs: str, refuse: bool):

@@ -71,8 +71,7 @@ def torchrun(spec_path: str, nproc: int = 2) -> None:
 
 
 def cache_snapshot(cache: str) -> dict:
-    return {name: (os.stat(os.path.join(cache, name)).st_ino, os.stat(os.path.join(cache, name)).st_mtime_ns)
-            for name in sorted(os.listdir(cache))}
+    return {e.name: (e.stat().st_ino, e.stat().st_mtime_ns) for e in os.scandir(cache) if e.is_file()}
 
 
 def test_rank_init_builds_once_then_opens_and_feeds_a_distributed_loader(tmp_path):

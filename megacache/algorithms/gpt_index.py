@@ -266,6 +266,49 @@ def build_document_index(
 
 
 # --------------------------------------------------------------------------------------------
+# Sequence length statistics
+
+#: odd 64-bit multiplier (2**64 / golden ratio) spreading sequence positions over all 64 bits
+_POSITION_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def length_stats(lengths: np.ndarray, first: int) -> tuple[int, int, int]:
+    """``(tokens, longest, checksum)`` of ``lengths``, the sequences from position ``first`` on.
+
+    The checksum, sum of ``length * (position * MIX + 1)`` modulo 2**64, adds over disjoint
+    slices, so ranks compute it in parts; it changes when any length changes or two move, which is
+    what a cache built from these lengths depends on (megacache's drift check)."""
+    tokens, longest, checksum = _length_stats(np.asarray(lengths), np.uint64(first))
+    return int(tokens), int(longest), int(checksum)
+
+
+def length_stats_reference(lengths: np.ndarray, first: int) -> tuple[int, int, int]:
+    lengths = np.asarray(lengths)
+    if len(lengths) == 0:
+        return 0, 0, 0
+    positions = np.arange(first, first + len(lengths), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        weights = positions * _POSITION_MIX + np.uint64(1)
+        checksum = int(np.sum(lengths.astype(np.uint64) * weights, dtype=np.uint64))
+    return int(lengths.sum(dtype=np.int64)), int(lengths.max()), checksum
+
+
+@numba.njit(cache=True, nogil=True)
+def _length_stats(lengths, first):
+    tokens = 0
+    longest = 0
+    checksum = np.uint64(0)
+    position = first
+    for k in range(lengths.shape[0]):
+        v = lengths[k]
+        tokens += v
+        longest = max(longest, v)
+        checksum += np.uint64(v) * (position * _POSITION_MIX + np.uint64(1))
+        position += np.uint64(1)
+    return tokens, longest, checksum
+
+
+# --------------------------------------------------------------------------------------------
 # Sample index
 
 

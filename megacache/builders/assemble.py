@@ -19,6 +19,7 @@ import numpy as np
 from ..comm import Comm
 from ..formats.indexed import IndexLayout, IndexWriter, bin_path, idx_path
 from ..fsio import copy_range, fsync_dir, remove_quietly, tmp_path
+from ..jobs import guarded
 
 
 @dataclass(frozen=True)
@@ -94,3 +95,16 @@ def discard(prefix: str, tag: str) -> None:
     """Remove the temporaries an ``assemble`` with this tag may have left."""
     remove_quietly(tmp_path(idx_path(prefix), tag))
     remove_quietly(tmp_path(bin_path(prefix), tag))
+
+
+def temporaries(prefix: str) -> tuple[str, ...]:
+    """Name prefixes of every temporary an ``assemble`` into ``prefix`` writes, whatever its tag."""
+    return tuple(os.path.basename(tmp_path(path(prefix), "")) for path in (idx_path, bin_path))
+
+
+def guarded_output(comm: Comm, output_prefix: str, prefixes: list[str], what: str):
+    """``jobs.guarded`` for a job writing the datasets ``prefixes`` (named from ``output_prefix``,
+    in its directory): one such job at a time, after what dead ones left there is cleared."""
+    directory = os.path.dirname(os.path.abspath(output_prefix))
+    key = "prefix-" + os.path.basename(output_prefix)
+    return guarded(comm, [directory], key, tuple(t for p in prefixes for t in temporaries(p)), what)

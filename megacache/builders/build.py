@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,10 +34,13 @@ from ..algorithms.splits import split_matrix
 from ..blendspec import Blend
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
-from ..formats.cache import SPLIT_NAMES, CacheEntry, blend_identifiers, existing, publish_entries
-from ..formats.npy import NpyWriter
+from ..formats.cache import (SPLIT_NAMES, CacheEntry, blend_identifiers, existing, publish_entries,
+                             read_manifest, update_manifest)
+from ..formats.npy import NpyWriter, read_npy_header
 from ..fsio import remove_quietly, sync_filesystems, tmp_path
-from .gpt import GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, open_datasets, plan_jobs
+from ..jobs import guarded, tidy
+from .gpt import (GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, array_records, open_datasets,
+                  plan_jobs)
 from .scheduling import even_slice, largest_first
 
 MEGATRON_DEFAULT_SPLIT = "969, 30, 1"
@@ -64,6 +66,9 @@ class BuildConfig:
     blend_min_chunk: int = 4 * DEFAULT_WARMUP
     #: greedy steps each chunk's guessed start state is run for
     blend_warmup: int = DEFAULT_WARMUP
+    #: replace existing entries that megacache's manifest shows were built from other data or
+    #: settings (else that is an error)
+    rebuild_stale: bool = False
 
     @classmethod
     def for_prefix(cls, data_path: str, **fields) -> "BuildConfig":
@@ -93,6 +98,13 @@ class BlendJob:
     recomputed: int = 0                 # samples recomputed by repairs of wrong chunk guesses
 
     @property
+    def marker(self) -> dict:
+        """What the blend depends on beyond its hashed description: its children's lengths."""
+        return {"lengths": self.lengths.tolist(),
+                "arrays": array_records({w: (np.dtype(d), (self.size,)) for w, d in
+                                         zip(BLEND_ARRAYS, (np.int16, np.int64))})}
+
+    @property
     def summary(self) -> str:
         state = "existing cache reused" if self.reused else "built"
         kind = "exhaustive" if self.weights is None else "weighted"
@@ -115,6 +127,12 @@ def megatron_split_sizes(train_samples: int | None = None, train_iters: int | No
     """Samples per split as Megatron-LM's training loop asks for them."""
     if train_samples is None and train_iters is None:
         raise MegacacheError("give --train-samples, or --train-iters with --global-batch-size")
+    for flag, value in (("--train-samples", train_samples), ("--train-iters", train_iters),
+                        ("--global-batch-size", global_batch_size), ("--eval-iters", eval_iters)):
+        if value is not None and value < 0:
+            raise MegacacheError(f"{flag} must not be negative, got {value}")
+    if eval_interval < 1:
+        raise MegacacheError(f"--eval-interval must be positive, got {eval_interval}")
     needs_gbs = train_samples is None or eval_iters
     if needs_gbs and not global_batch_size:
         raise MegacacheError("--global-batch-size is needed to turn iterations into samples")
@@ -390,6 +408,51 @@ class Plan:
     blends: list[BlendJob]
     datasets: dict
 
+    @property
+    def items(self) -> list:
+        return [*self.gpt, *self.blends]
+
+    @property
+    def todo(self) -> list:
+        return [item for item in self.items if not item.reused]
+
+
+def drift(item, record: dict | None) -> list[str]:
+    """How an existing entry differs from what ``item`` would build: against megacache's manifest
+    record when there is one, else (an entry megatron-core or an older tool wrote) by the arrays'
+    dtypes and shapes, read from their headers."""
+    expected = item.marker
+    if record is None:
+        found = array_records({w: read_npy_header(item.entry.path(w)) for w in expected["arrays"]})
+        record = {"arrays": found}
+        expected = {"arrays": expected["arrays"]}
+    return [f"{key}: built with {record.get(key)!r}, this configuration gives {value!r}"
+            for key, value in expected.items() if record.get(key) != value]
+
+
+def _reuse(items: list, rebuild_stale: bool) -> list[bool]:
+    """Which entries exist and may be reused (rank 0). An existing entry that drifted is an error,
+    or (``rebuild_stale``) rebuilt."""
+    hits = existing([item.entry for item in items])
+    manifests = {d: read_manifest(d) for d in {item.entry.directory for item, hit in zip(items, hits) if hit}}
+    stale = []
+    for n, (item, hit) in enumerate(zip(items, hits)):
+        if hit:
+            problems = drift(item, manifests[item.entry.directory].get(item.entry.stem))
+            if problems:
+                stale.append((item, problems))
+                hits[n] = False
+    if stale and not rebuild_stale:
+        shown = "\n".join(f"  {item.entry.path('description.txt')}: " + "; ".join(problems)
+                           for item, problems in stale[:5])
+        more = f"\n  ... and {len(stale) - 5} more" if len(stale) > 5 else ""
+        raise MegacacheError(
+            f"{len(stale)} existing cache entr{'y was' if len(stale) == 1 else 'ies were'} built from other data or "
+            f"settings than this configuration's, which megatron-core's hash does not cover (it would reuse "
+            f"them silently):\n{shown}{more}\nPass --rebuild-stale (BuildConfig.rebuild_stale) to replace them, "
+            f"or use another --data-cache-path")
+    return hits
+
 
 def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
     """The entries of ``cfg`` (identical on every rank of ``comm``; a ``SingleComm`` plans alone,
@@ -398,6 +461,8 @@ def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
     settings = cfg.settings
     settings.validate()
     _check_sizes(cfg)
+    if cfg.cache_dir is not None and os.path.exists(cfg.cache_dir) and not os.path.isdir(cfg.cache_dir):
+        raise MegacacheError(f"--data-cache-path {cfg.cache_dir}: exists and is not a directory; give a directory")
     requests, blend_specs = _plan_requests(cfg)
     if blend_specs and cfg.cache_dir is None:
         raise MegacacheError(
@@ -407,52 +472,89 @@ def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
     if blend_specs:
         _check_dtypes(datasets)
     jobs = plan_jobs(requests, settings, datasets, comm)
-    blends = _blend_jobs(cfg, blend_specs, jobs)
-    entries = [j.entry for j in jobs] + [b.entry for b in blends]
-    exists = comm.on_root(lambda: existing(entries), "looking for existing caches")
-    for item, hit in zip([*jobs, *blends], exists):
+    planned = Plan(jobs, _blend_jobs(cfg, blend_specs, jobs), datasets)
+    _decide_reuse(planned, cfg, comm)
+    return planned
+
+
+def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm) -> None:
+    items = planned.items
+    hits = comm.on_root(lambda: _reuse(items, cfg.rebuild_stale), "looking for existing caches")
+    for item, hit in zip(items, hits):
         item.reused = hit
-    return Plan(jobs, blends, datasets)
+
+
+def _manifest_records(items: list) -> dict[str, dict[str, dict]]:
+    """Per directory, the manifest records of the entries just built."""
+    out: dict[str, dict[str, dict]] = {}
+    for item in items:
+        e = item.entry
+        out.setdefault(e.directory, {})[e.stem] = {"description_md5": e.hash, **item.marker}
+    return out
 
 
 def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
-    """Build every missing cache entry of ``cfg`` with all ranks of ``comm``."""
+    """Build every missing cache entry of ``cfg`` with all ranks of ``comm``.
+
+    One job at a time builds into a cache directory (``jobs.guarded``): a job that finds another
+    building the same directory waits, then reuses what that one built."""
     comm = comm or get_comm()
     t0 = time.monotonic()
     timer = PhaseTimer()
     planned = plan(cfg, comm)
-    jobs, blends, datasets = planned.gpt, planned.blends, planned.datasets
-    settings = cfg.settings
     timer.mark("plan")
+    if not planned.todo:
+        comm.on_root(lambda: tidy({i.entry.directory for i in planned.items}, "cache", ("",)), "tidying up")
+        return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, timer.phases)
 
-    tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
-    blending = Blending([b for b in blends if not b.reused], cfg, comm, tag)
-    gpt = GPTBuild(jobs, datasets, settings, comm, tag)
+    directories = [item.entry.directory for item in planned.todo]
+    entries = len(planned.todo)
+    with guarded(comm, directories, "cache", ("",), f"megacache build of {entries} entries") as guard:
+        _decide_reuse(planned, cfg, comm)  # what a job we waited for built is reused now
+        timer.mark("lock")
+        _build_locked(planned, cfg, comm, guard, timer)
+    return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, timer.phases)
+
+
+def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: PhaseTimer) -> None:
+    jobs, blends, datasets = planned.gpt, planned.blends, planned.datasets
+    blending = Blending([b for b in blends if not b.reused], cfg, comm, guard.job)
+    gpt = GPTBuild(jobs, datasets, cfg.settings, comm, guard.job)
     try:
         def make_directories() -> None:
             for d in sorted({j.entry.directory for j in gpt.todo}):
                 os.makedirs(d, exist_ok=True)
 
         comm.on_root(make_directories, "creating the cache directories")
+        if blending.todo:
+            guard.enter("blend (start)")
         blending.start()
         if blending.todo:
             timer.mark("blend_start")
-        gpt.build(timer.phases)
+        gpt.build(timer.phases, guard.enter)
         timer.since = time.monotonic()
+        guard.enter("blend (finish)")
         blending.finish()
         blending.check_oversampling()
         if blending.todo:
             timer.mark("blend_wait")
         timer.since = time.monotonic()
+        guard.enter("publish")
         error = None
         try:
+            guard.check_held()
             gpt.publish()
         except Exception as exc:
             error = exc
         comm.check(error, "publishing the GPTDataset caches")
         comm.on_root(blending.publish, "publishing the blend caches")
+
+        def write_manifests() -> None:
+            for directory, records in _manifest_records([*gpt.todo, *blending.todo]).items():
+                update_manifest(directory, records)
+
+        comm.on_root(write_manifests, "writing the manifest")
         timer.mark("publish")
     finally:
         gpt.discard()
         blending.discard()
-    return BuildResult(jobs, blends, time.monotonic() - t0, comm.size, timer.phases)

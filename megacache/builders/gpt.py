@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms.gpt_index import (GPTIndexPlan, build_document_index, build_shuffle_index,
-                                    document_token_ends, sample_index_rows, sample_rows_in_slice)
+                                    document_token_ends, length_stats, sample_index_rows,
+                                    sample_rows_in_slice)
 from ..algorithms.permutation import MT19937
 from ..algorithms.splits import split_ranges
 from ..comm import Comm
@@ -58,6 +59,10 @@ class GPTSettings:
     cache_dir: str | None = None        # None: Megatron's <prefix>/cache/GPTDataset_indices per prefix
     add_extra_token: bool = True
     drop_last_partial_validation: bool = True
+
+    def drop_last(self, split_name: str) -> bool:
+        """Whether a split's sample walk drops its last partial sample: only valid's is configurable."""
+        return self.drop_last_partial_validation if split_name == "valid" else True
 
     def cache_path(self, data_path: str) -> str:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir(data_path)
@@ -91,7 +96,24 @@ class GPTJob:
     entry: CacheEntry
     plan: GPTIndexPlan
     split_range: tuple[int, int]
+    length_checksum: int                # of the split's sequence lengths (``length_stats``)
+    settings: GPTSettings
     reused: bool = False
+
+    @property
+    def marker(self) -> dict:
+        """What this entry was built from, beyond what Megatron's hash covers (megacache's drift
+        check compares it with the manifest's record)."""
+        p = self.plan
+        return {
+            "dataset": self.data_path, "split_range": list(self.split_range),
+            "tokens": p.tokens_per_epoch, "length_checksum": f"{self.length_checksum:016x}",
+            "add_extra_token_to_sequence": self.settings.add_extra_token,
+            # only the valid split's walk reads it; the others always drop the last partial sample
+            "drop_last_partial_sequence": self.settings.drop_last(self.name),
+            "num_samples": p.num_samples,
+            "arrays": array_records(array_shapes(p)),
+        }
 
     @property
     def cost(self) -> int:
@@ -108,6 +130,11 @@ class GPTJob:
 
 
 GPT_ARRAYS = ("document_index.npy", "sample_index.npy", "shuffle_index.npy")
+
+
+def array_records(shapes: dict[str, tuple[np.dtype, tuple]]) -> dict[str, list]:
+    """``{file: [dtype, shape]}`` as JSON holds them."""
+    return {what: [np.dtype(dtype).str, [int(n) for n in shape]] for what, (dtype, shape) in shapes.items()}
 
 
 def array_shapes(plan: GPTIndexPlan) -> dict[str, tuple[np.dtype, tuple]]:
@@ -139,7 +166,7 @@ def open_datasets(prefixes, comm: Comm) -> dict[str, IndexedDataset]:
 
 def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[int]],
                     comm: Comm) -> dict[tuple[str, int], tuple[int, int]]:
-    """``(tokens, longest sequence)`` of every interval ``[cuts[p][i], cuts[p][i+1])``, keyed by
+    """``(tokens, longest sequence, length checksum)`` of every interval ``[cuts[p][i], cuts[p][i+1])``, keyed by
     ``(p, cuts[p][i])``. The intervals of all datasets, end to end, are cut evenly over ranks."""
     keys, lows, highs = [], [], []
     for prefix, c in cuts.items():
@@ -161,15 +188,15 @@ def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[in
             if a >= b:
                 continue
             lengths = datasets[keys[i][0]].sequence_lengths[lows[i] + a: lows[i] + b]
-            mine.append((i, int(np.sum(lengths, dtype=np.int64)), int(lengths.max())))
+            mine.append((i, *length_stats(lengths, lows[i] + a)))
     except Exception as exc:
         error = exc
     comm.check(error, "summing tokens per split")
-    stats = {key: (0, 0) for key in keys}
+    stats = {key: (0, 0, 0) for key in keys}
     for part in comm.allgather(mine):
-        for i, tokens, longest in part:
-            t, m = stats[keys[i]]
-            stats[keys[i]] = (t + tokens, max(m, longest))
+        for i, tokens, longest, checksum in part:
+            t, m, c = stats[keys[i]]
+            stats[keys[i]] = (t + tokens, max(m, longest), (c + checksum) % 2**64)
     return stats
 
 
@@ -194,7 +221,9 @@ def plan_jobs(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[
         for i, (name, rng) in enumerate(zip(SPLIT_NAMES, rr)):
             if rng is None:
                 continue
-            tokens = sum(stats[r.data_path, lo][0] for lo in c[:-1] if rng[0] <= lo < rng[1])
+            inside = [stats[r.data_path, lo] for lo in c[:-1] if rng[0] <= lo < rng[1]]
+            tokens = sum(t for t, _, _ in inside)
+            checksum = sum(k for _, _, k in inside) % 2**64
             size = r.sizes[i]
             if tokens == 0 and size is not None and (size > 0 or settings.add_extra_token):
                 what = "empty" if rng[0] == rng[1] else "made of empty sequences"
@@ -202,7 +231,7 @@ def plan_jobs(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[
                     f"{r.data_path}: the {name} split is {what} ({r.split!r} of {len(datasets[r.data_path])} "
                     f"sequences gives [{rng[0]}, {rng[1]})) but {size} samples are requested from it; "
                     f"megatron-core would loop forever. Change --split, or request no {name} samples")
-            drop_last = settings.drop_last_partial_validation if name == "valid" else True
+            drop_last = settings.drop_last(name)
             try:
                 plan = GPTIndexPlan.from_counts(rng[1] - rng[0], tokens, longest, size, settings.seq_length,
                                                 int(settings.add_extra_token), drop_last)
@@ -210,7 +239,8 @@ def plan_jobs(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[
                 raise MegacacheError(f"{r.data_path}, {name} split: {exc}") from None
             ids = gpt_identifiers(r.data_path, plan.requested_samples, name, settings.seed, settings.seq_length,
                                   r.split, r.hashed_matrix, settings.tokenizer)
-            jobs.append(GPTJob(len(jobs), k, name, r.data_path, CacheEntry(settings.cache_path(r.data_path), ids), plan, rng))
+            jobs.append(GPTJob(len(jobs), k, name, r.data_path, CacheEntry(settings.cache_path(r.data_path), ids),
+                               plan, rng, checksum, settings))
     return jobs
 
 
@@ -230,8 +260,10 @@ class GPTBuild:
         self.tmp = {(j.index, what): tmp_path(j.entry.path(what), tag) for j in self.todo
                     for what in (*GPT_ARRAYS, "description.txt")}
 
-    def build(self, phases: dict[str, float]) -> None:
+    def build(self, phases: dict[str, float], enter=lambda phase: None) -> None:
+        """``enter(phase)`` is told each phase as it starts (the job's rank monitor)."""
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="shuffle-index") as pool:
+            enter("document index")
             t = time.monotonic()
             futures: list[Future] = []
             error = None
@@ -243,10 +275,12 @@ class GPTBuild:
             self.comm.check(error, "building the document indices")
             phases["document_index"] = time.monotonic() - t
 
+            enter("sample index")
             t = time.monotonic()
             self._sample_index()
             phases["sample_index"] = time.monotonic() - t
 
+            enter("shuffle index")
             t = time.monotonic()
             error = None
             try:

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
-from ..formats.indexed import IndexedDataset, bin_path
-from .assemble import Part, PartCounts, assemble, discard
+from ..formats.indexed import IndexedDataset, bin_path, idx_path
+from .assemble import Part, PartCounts, assemble, discard, guarded_output
 from .scheduling import contiguous_shares
 
 DEFAULT_CHUNK_BYTES = 256 << 20
@@ -42,19 +41,6 @@ class MergeResult:
     ranks: int
 
 
-def _open_checked(prefix: str) -> IndexedDataset:
-    ds = IndexedDataset(prefix)
-    lay = ds.layout
-    if lay.sequence_count:
-        end = int(ds.sequence_pointers[-1]) + int(ds.sequence_lengths[-1]) * lay.dtype.itemsize
-    else:
-        end = 0
-    if ds.bin_size < end:
-        raise MegacacheError(f"{bin_path(prefix)}: {ds.bin_size} bytes, but its index needs {end}; "
-                             f"the file is truncated")
-    return ds
-
-
 def _plan(prefixes: list[str], chunk_bytes: int) -> tuple[np.dtype, list[Chunk], list[PartCounts]]:
     if not prefixes:
         raise MegacacheError("merge: give at least one input prefix")
@@ -65,7 +51,7 @@ def _plan(prefixes: list[str], chunk_bytes: int) -> tuple[np.dtype, list[Chunk],
     counts: list[PartCounts] = []
     dtype = None
     for j, prefix in enumerate(prefixes):
-        ds = _open_checked(prefix)
+        ds = IndexedDataset(prefix)
         if dtype is None:
             dtype = ds.dtype
         elif ds.dtype != dtype:
@@ -103,7 +89,14 @@ def merge(prefixes: list[str], output_prefix: str, comm: Comm | None = None,
         c = chunks[i]
         ds = opened.setdefault(c.source, IndexedDataset(prefixes[c.source]))
         di = ds.document_indices
-        s0, s1 = int(di[c.doc_start]), int(di[c.doc_stop])
+        bounds = np.asarray(di[c.doc_start: c.doc_stop + 1])
+        backwards = np.flatnonzero(np.diff(bounds) < 0)
+        if len(backwards):
+            d = c.doc_start + int(backwards[0]) + 1
+            raise MegacacheError(f"{idx_path(prefixes[c.source])}: document_indices[{d}] = {int(di[d])} is below "
+                                 f"document_indices[{d - 1}] = {int(di[d - 1])}; the index is damaged, run megacache "
+                                 f"verify on it")
+        s0, s1 = int(bounds[0]), int(bounds[-1])
         lengths = np.asarray(ds.sequence_lengths[s0:s1])
         if int(lengths.sum(dtype=np.int64)) != counts[i].tokens:
             raise MegacacheError(f"{prefixes[c.source]}.idx: the pointers of sequences {s0}..{s1} disagree with "
@@ -113,11 +106,12 @@ def merge(prefixes: list[str], output_prefix: str, comm: Comm | None = None,
                     token_file=bin_path(prefixes[c.source]),
                     token_offset=int(ds.sequence_pointers[s0]) if s1 > s0 else 0)
 
-    tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
-    try:
-        layout = assemble(comm, output_prefix, dtype, counts, mine, load, tag)
-    finally:
-        discard(output_prefix, tag)
+    with guarded_output(comm, output_prefix, [output_prefix], f"megacache merge into {output_prefix}") as guard:
+        guard.enter("writing")
+        try:
+            layout = assemble(comm, output_prefix, dtype, counts, mine, load, guard.job)
+        finally:
+            discard(output_prefix, guard.job)
     return MergeResult(output=output_prefix, documents=layout.document_count - 1,
                        sequences=layout.sequence_count, tokens=sum(c.tokens for c in counts),
                        inputs=len(prefixes), seconds=time.monotonic() - t0, ranks=comm.size)

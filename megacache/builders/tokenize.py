@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -26,11 +25,12 @@ import numpy as np
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import optimal_dtype
-from ..fsio import publish, read_json, tmp_path, write_json_atomic
+from ..fsio import publish, read_json, remove_quietly, tmp_path, write_json_atomic, writing
 from ..inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
+from ..jobs import Guard
 from ..progress import Progress
 from ..tokenizers import Tokenizer, load_tokenizer
-from .assemble import Part, PartCounts, assemble, discard
+from .assemble import Part, PartCounts, assemble, discard, guarded_output
 from .scheduling import contiguous_shares
 
 FORMAT_VERSION = 1
@@ -155,10 +155,13 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
     bad = BadRecords()
     parts = {k: (tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.bin"), tag),
                  tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.doclen"), tag)) for k in cfg.json_keys}
-    files = {k: (open(b, "wb"), open(d, "wb")) for k, (b, d) in parts.items()}
     counts = {k: [0, 0, 0] for k in cfg.json_keys}
     done_bytes = 0
+    files = {}
     try:
+        for k, (b, d) in parts.items():
+            with writing(b):
+                files[k] = (open(b, "wb"), open(d, "wb"))
         for batch in read_unit(unit, cfg.json_keys, cfg.skip_bad, bad):
             batch_tokens = 0
             for key in cfg.json_keys:
@@ -167,8 +170,10 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
                     ids, lengths = _with_eod(ids, lengths, tok.eod)
                 _check_range(ids, dtype, unit, tok)
                 fb, fd = files[key]
-                fb.write(ids.astype(dtype, copy=False).tobytes())
-                fd.write(lengths.astype(np.int32, copy=False).tobytes())
+                with writing(fb.name):
+                    fb.write(ids.astype(dtype, copy=False).tobytes())
+                with writing(fd.name):
+                    fd.write(lengths.astype(np.int32, copy=False).tobytes())
                 c = counts[key]
                 c[0] += len(lengths)
                 c[1] += int(np.count_nonzero(lengths))
@@ -177,6 +182,11 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
             progress.add(bytes=batch.bytes_done - done_bytes, docs=len(batch.texts[cfg.json_keys[0]]),
                          tokens=batch_tokens)
             done_bytes = batch.bytes_done
+    except BaseException:
+        for b, d in parts.values():  # a rerun starts the unit afresh
+            remove_quietly(b)
+            remove_quietly(d)
+        raise
     finally:
         for fb, fd in files.values():
             fb.close()
@@ -220,15 +230,25 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
     comm.check(error, "loading the tokenizer")
     dtype = optimal_dtype(tok.vocab_size)
 
-    parent = os.path.dirname(os.path.abspath(cfg.output_prefix))
+    outputs = [cfg.output_path(k) for k in cfg.json_keys]
+    with guarded_output(comm, cfg.output_prefix, outputs, f"megacache tokenize into {cfg.output_prefix}") as guard:
+        ordered, tokens, documents, reused = _tokenize_locked(cfg, comm, paths, units, tok, dtype, guard)
+    bad_first = [loc for r in ordered for loc in r["bad_first"]][:MAX_BAD_LOCATIONS]
+    return TokenizeResult(
+        outputs={k: cfg.output_path(k) for k in cfg.json_keys}, documents=documents, tokens=tokens,
+        units=len(units), units_reused=len(reused), bad_count=sum(r["bad_count"] for r in ordered),
+        bad_first=bad_first, seconds=time.monotonic() - t0, ranks=comm.size, dtype=dtype.name,
+    )
+
+
+def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: list[WorkUnit], tok: Tokenizer,
+                     dtype: np.dtype, guard: Guard) -> tuple[list[dict], dict[str, int], int, set[int]]:
+    """Tokenize, holding the output prefix's lock: every unit's record, tokens per key, documents,
+    the units reused from an earlier run."""
     fingerprint = _fingerprint(cfg, paths, tok, dtype) if comm.rank == 0 else None
-
-    def prepare():
-        os.makedirs(parent, exist_ok=True)
-        return _prepare_work_dir(cfg.work_dir, fingerprint)
-
-    reused = set(comm.on_root(prepare, "preparing the work directory"))
-    tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
+    guard.enter("preparing the work directory")
+    reused = set(comm.on_root(lambda: _prepare_work_dir(cfg.work_dir, fingerprint), "preparing the work directory"))
+    tag = guard.job
 
     owner = contiguous_shares([u.size for u in units], comm.size)
     mine = [u for u in units if owner[u.index] == comm.rank]
@@ -238,6 +258,7 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
 
     progress = Progress(os.path.join(cfg.work_dir, "progress"), comm.rank, comm.size, todo_bytes,
                         "tokenize", interval_s=cfg.progress_interval_s)
+    guard.enter("tokenizing")
     error = None
     with progress:
         try:
@@ -257,10 +278,15 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
     ordered = [gathered[u.index] for u in units]
     documents = sum(r["counts"][cfg.json_keys[0]][0] for r in ordered)
     if documents == 0:
-        raise MegacacheError(f"no documents were read from {len(paths)} input file(s); nothing was written")
+        skipped = sum(r["bad_count"] for r in ordered)
+        why = (f": all {skipped} record(s) were bad and skipped (--skip-bad), the first: "
+               + "; ".join(loc for r in ordered for loc in r["bad_first"][:MAX_BAD_LOCATIONS])
+               if skipped else " (the inputs hold no records)")
+        raise MegacacheError(f"no documents were read from {len(paths)} input file(s){why}; nothing was written")
 
     tokens = {}
     for key in cfg.json_keys:
+        guard.enter(f"writing {cfg.output_path(key)}")
         counts = [PartCounts(*r["counts"][key]) for r in ordered]
         out = cfg.output_path(key)
         try:
@@ -273,12 +299,7 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
     comm.barrier()
     if comm.rank == 0:
         shutil.rmtree(cfg.work_dir, ignore_errors=True)
-    bad_first = [loc for r in ordered for loc in r["bad_first"]][:MAX_BAD_LOCATIONS]
-    return TokenizeResult(
-        outputs={k: cfg.output_path(k) for k in cfg.json_keys}, documents=documents, tokens=tokens,
-        units=len(units), units_reused=len(reused), bad_count=sum(r["bad_count"] for r in ordered),
-        bad_first=bad_first, seconds=time.monotonic() - t0, ranks=comm.size, dtype=dtype.name,
-    )
+    return ordered, tokens, documents, reused
 
 
 def summary(result: TokenizeResult) -> str:

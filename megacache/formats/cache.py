@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from ..fsio import publish_many
+from ..errors import FormatError
+from ..fsio import STATE_DIR, publish_many, read_json, write_json_atomic
 
 GPT_FILES = ("description.txt", "document_index.npy", "sample_index.npy", "shuffle_index.npy")
 BLEND_FILES = ("description.txt", "dataset_index.npy", "dataset_sample_index.npy")
@@ -79,10 +80,20 @@ class CacheEntry:
     def names(self) -> tuple[str, ...]:
         return GPT_FILES if self.class_name == "GPTDataset" else BLEND_FILES
 
+    @property
+    def stem(self) -> str:
+        """``<md5>-<Class>-<split>``: every file name of the entry starts with it."""
+        if self.class_name not in ("GPTDataset", "BlendedDataset") or self.split_name not in SPLIT_NAMES:
+            # Names read from a description file must never steer a path out of the directory.
+            raise FormatError(f"{self.directory}: a cache entry of class {self.class_name!r}, split "
+                              f"{self.split_name!r}: megacache knows GPTDataset and BlendedDataset, splits "
+                              f"{', '.join(SPLIT_NAMES)}")
+        return f"{self.hash}-{self.class_name}-{self.split_name}"
+
     def path(self, what: str) -> str:
         if what not in self.names:
             raise ValueError(f"{self.class_name} caches have no {what!r} file")
-        return os.path.join(self.directory, f"{self.hash}-{self.class_name}-{self.split_name}-{what}")
+        return os.path.join(self.directory, f"{self.stem}-{what}")
 
     def paths(self) -> dict[str, str]:
         return {what: self.path(what) for what in self.names}
@@ -101,7 +112,7 @@ def existing(entries) -> list[bool]:
         if e.directory not in listings:
             try:
                 listings[e.directory] = {d.name for d in os.scandir(e.directory) if d.is_file()}
-            except FileNotFoundError:
+            except (FileNotFoundError, NotADirectoryError):
                 listings[e.directory] = set()
         out.append(all(os.path.basename(p) in listings[e.directory] for p in e.paths().values()))
     return out
@@ -117,3 +128,35 @@ def publish_entries(items) -> None:
             f.write(entry.description.encode("utf-8"))
     publish_many([(tmp[w], entry.path(w)) for entry, tmp in items for w in entry.names if w != "description.txt"])
     publish_many([(tmp["description.txt"], entry.path("description.txt")) for entry, tmp in items])
+
+
+# megacache's own record of what each entry was built from (the "marker"), beyond what Megatron's
+# hash covers; written last, after the entries it lists are in place.
+
+
+def manifest_path(directory: str) -> str:
+    return os.path.join(directory, STATE_DIR, "manifest.json")
+
+
+def read_manifest(directory: str) -> dict[str, dict]:
+    """``{entry stem: record}`` for ``directory``; empty when megacache never built there."""
+    path = manifest_path(directory)
+    try:
+        manifest = read_json(path)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{path}: unreadable ({exc}); delete it (megacache then checks the entries' shapes "
+                          f"only) or rebuild the cache") from None
+    entries = manifest.get("entries") if isinstance(manifest, dict) else None
+    if not isinstance(entries, dict):
+        raise FormatError(f"{path}: no 'entries' object; delete it or rebuild the cache")
+    return entries
+
+
+def update_manifest(directory: str, records: dict[str, dict]) -> None:
+    """Add (or replace) ``records`` in the manifest. Callers hold the directory's lock."""
+    entries = read_manifest(directory)
+    entries.update(records)
+    os.makedirs(os.path.dirname(manifest_path(directory)), exist_ok=True)
+    write_json_atomic(manifest_path(directory), {"format": 1, "entries": entries})

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import FormatError
-from ..fsio import pwrite_all
+from ..fsio import pwrite_all, writing
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -121,9 +121,14 @@ def read_layout(path: str) -> IndexLayout:
 
 
 class IndexedDataset:
-    """Read-only view of a ``.bin/.idx`` pair through memory maps (nothing is loaded eagerly)."""
+    """Read-only view of a ``.bin/.idx`` pair through memory maps (nothing is loaded eagerly).
 
-    def __init__(self, prefix: str):
+    Opening refuses a ``.bin`` too short for the index's last sequence (an O(1) check: Megatron
+    would load it and read past its end in training); ``check_bin_size=False`` leaves that to a
+    caller that checks every pointer itself (verify).
+    """
+
+    def __init__(self, prefix: str, check_bin_size: bool = True):
         self.prefix = prefix
         self.layout = read_layout(idx_path(prefix))
         lay = self.layout
@@ -135,6 +140,13 @@ class IndexedDataset:
         if not os.path.exists(binp):
             raise FormatError(f"{binp}: token file not found (its index {idx_path(prefix)} exists)")
         self.bin_size = os.path.getsize(binp)
+        if check_bin_size and lay.sequence_count:
+            end = int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * lay.dtype.itemsize
+            if self.bin_size < end:
+                raise FormatError(
+                    f"{binp}: truncated: {self.bin_size} bytes, but its index {idx_path(prefix)} puts the last "
+                    f"sequence's tokens up to byte {end}; re-create the dataset (megacache verify {prefix} "
+                    f"locates the damage)")
         # numpy cannot map an empty file; a dataset of only empty documents has one.
         self._bin = (
             np.memmap(binp, mode="r", dtype=lay.dtype) if self.bin_size else np.zeros(0, lay.dtype)
@@ -183,10 +195,10 @@ class IndexWriter:
 
     @classmethod
     def create(cls, idx_file: str, bin_file: str, layout: IndexLayout, bin_size: int) -> None:
-        with open(idx_file, "wb") as f:
+        with writing(idx_file), open(idx_file, "wb") as f:
             f.write(layout.header_bytes())
             f.truncate(layout.idx_size)
-        with open(bin_file, "wb") as f:
+        with writing(bin_file), open(bin_file, "wb") as f:
             f.truncate(bin_size)
 
     @classmethod
@@ -202,16 +214,19 @@ class IndexWriter:
             np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
             pointers[1:] *= self.layout.dtype.itemsize
             pointers[1:] += first_byte
-        pwrite_all(self.idx_fd, lengths, self.layout.lengths_offset + 4 * first)
-        pwrite_all(self.idx_fd, pointers, self.layout.pointers_offset + 8 * first)
+        with writing(self.idx_file):
+            pwrite_all(self.idx_fd, lengths, self.layout.lengths_offset + 4 * first)
+            pwrite_all(self.idx_fd, pointers, self.layout.pointers_offset + 8 * first)
 
     def write_documents(self, first: int, document_indices: np.ndarray) -> None:
         """Entries ``first…`` of document_indices (entry 0 is the leading 0)."""
         arr = np.asarray(document_indices, dtype=np.int64)
-        pwrite_all(self.idx_fd, arr, self.layout.documents_offset + 8 * first)
+        with writing(self.idx_file):
+            pwrite_all(self.idx_fd, arr, self.layout.documents_offset + 8 * first)
 
     def write_tokens(self, byte_offset: int, tokens: np.ndarray) -> None:
-        pwrite_all(self.bin_fd, np.asarray(tokens, dtype=self.layout.dtype), byte_offset)
+        with writing(self.bin_file):
+            pwrite_all(self.bin_fd, np.asarray(tokens, dtype=self.layout.dtype), byte_offset)
 
     def close(self) -> None:
         for fd in (self.idx_fd, self.bin_fd):

@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from ..errors import FormatError
-from ..fsio import pwrite_all
+from ..fsio import pwrite_all, writing
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -32,13 +32,14 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 def write_npy(path: str, array: np.ndarray) -> None:
     """``numpy.save``'s bytes for a C-contiguous array, in one create and one write (no pickle)."""
     array = np.ascontiguousarray(array)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    try:
-        header = npy_header(array.dtype, array.shape)
-        pwrite_all(fd, header, 0)
-        pwrite_all(fd, array, len(header))
-    finally:
-        os.close(fd)
+    with writing(path):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            header = npy_header(array.dtype, array.shape)
+            pwrite_all(fd, header, 0)
+            pwrite_all(fd, array, len(header))
+        finally:
+            os.close(fd)
 
 
 class NpyWriter:
@@ -53,12 +54,13 @@ class NpyWriter:
     @staticmethod
     def create(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         header = npy_header(dtype, shape)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            pwrite_all(fd, header, 0)
-            os.ftruncate(fd, len(header) + np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
-        finally:
-            os.close(fd)
+        with writing(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+            try:
+                pwrite_all(fd, header, 0)
+                os.ftruncate(fd, len(header) + np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
+            finally:
+                os.close(fd)
 
     def write_rows(self, first: int, rows: np.ndarray) -> None:
         rows = np.asarray(rows)
@@ -66,7 +68,8 @@ class NpyWriter:
             raise ValueError(f"{self.path}: rows of {rows.dtype}{rows.shape} do not fit {self.dtype}{self.shape}")
         if first < 0 or first + len(rows) > self.shape[0]:
             raise ValueError(f"{self.path}: rows {first}..{first + len(rows)} outside {self.shape[0]}")
-        pwrite_all(self.fd, rows, self.header_size + first * self.row_bytes)
+        with writing(self.path):
+            pwrite_all(self.fd, rows, self.header_size + first * self.row_bytes)
 
     def close(self) -> None:
         os.close(self.fd)
@@ -76,6 +79,18 @@ class NpyWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def read_npy_header(path: str) -> tuple[np.dtype, tuple[int, ...]]:
+    """``(dtype, shape)`` of an ``.npy`` file from its header alone."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, _, dtype = read(f)
+    except (ValueError, OSError) as exc:
+        raise FormatError(f"{path}: not a readable .npy header ({exc})") from None
+    return np.dtype(dtype), tuple(shape)
 
 
 def load_npy(path: str, mmap: bool = True) -> np.ndarray:

@@ -1,0 +1,445 @@
+"""Who is building what, and whether they are still alive: locks, heartbeats, post-mortems.
+
+Everything here lives on the shared filesystem beside the outputs, in a hidden ``.megacache/``
+directory that Megatron never looks at, and relies only on what every shared filesystem offers:
+exclusive create, rename, and modification times. ``fcntl`` locks are not used (they are unreliable
+or disabled on many network filesystems).
+
+- ``Lock``: one job at a time builds into a directory (or a dataset prefix). The holder refreshes
+  the lock file's mtime every few seconds; a lock whose holder is gone (same machine: its process
+  no longer exists; elsewhere: no heartbeat for ``MEGACACHE_STALE_S`` seconds) is broken by the
+  next job. Correctness never depends on the lock: every output is deterministic and appears by an
+  atomic rename, so two builders (a lock broken too early) only ever duplicate work.
+- ``Monitor``: every rank records its phase in ``<key>.job-<tag>/rank-<r>`` and refreshes it;
+  each rank watches the next one in a ring, so a rank that dies without its launcher noticing
+  (srun without --kill-on-bad-exit, a hung node) stops the job within ``MEGACACHE_STALE_S``
+  seconds, with the dead rank and its phase named, instead of a barrier waiting forever.
+- ``post_mortem``: a job that was killed outright (``mpiexec`` kills every rank when one dies)
+  leaves its rank records behind; the next job to take the lock reports where each rank was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .errors import JobFailed, MegacacheError
+from .fsio import STATE_DIR, TMP_MARK, remove_quietly, write_json_atomic
+
+
+def _env_seconds(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise MegacacheError(f"${name}={value!r}: expected a number of seconds") from None
+    if not seconds > 0:
+        raise MegacacheError(f"${name}={value!r}: expected a positive number of seconds")
+    return seconds
+
+
+def heartbeat_s() -> float:
+    return _env_seconds("MEGACACHE_HEARTBEAT_S", 5.0)
+
+
+def stale_s() -> float:
+    """How long without a heartbeat before a holder or rank on another machine counts as dead."""
+    return _env_seconds("MEGACACHE_STALE_S", 120.0)
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the pid, it names one process even
+    after the pid is reused. None when no such process runs (a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    try:
+        return None if fields[0] in ("Z", "X") else int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def this_process() -> dict:
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "boot": _boot_id(), "pid": pid, "start": _start_ticks(pid)}
+
+
+def process_gone(record: dict) -> bool:
+    """True when ``record`` names a process on this machine that no longer exists. A process on
+    another machine is never judged here (only by its heartbeat)."""
+    if record.get("boot") != _boot_id() or record.get("host") != socket.gethostname():
+        return False
+    start = _start_ticks(int(record.get("pid", -1)))
+    return start is None or start != record.get("start")
+
+
+def _read_record(path: str) -> tuple[dict | None, float | None]:
+    """A JSON record and its age in seconds (by mtime); (None, None) when it does not exist."""
+    try:
+        age = time.time() - os.stat(path).st_mtime
+        with open(path, "rb") as f:
+            return json.loads(f.read() or b"{}"), age
+    except FileNotFoundError:
+        return None, None
+    except ValueError:  # torn or foreign content: judged by its age only
+        return {}, age
+
+
+def _who(record: dict) -> str:
+    return f"pid {record.get('pid', '?')} on {record.get('host', '?')}"
+
+
+def is_dead(record: dict, age: float) -> bool:
+    return process_gone(record) or age > stale_s()
+
+
+def state_dir(directory: str) -> str:
+    return os.path.join(directory, STATE_DIR)
+
+
+class _Beat:
+    """A daemon thread calling ``fn`` every heartbeat until stopped."""
+
+    def __init__(self, fn, name: str):
+        self._stop = threading.Event()
+        self._fn = fn
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(heartbeat_s()):
+            self._fn()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class Lock:
+    """An exclusive, heartbeat-refreshed lock file ``<directory>/.megacache/<key>.lock``."""
+
+    def __init__(self, directory: str, key: str, job: str, describe: str):
+        self.path = os.path.join(state_dir(directory), f"{key}.lock")
+        self.directory, self.key, self.job = directory, key, job
+        self.record = {**this_process(), "job": job, "token": uuid.uuid4().hex, "what": describe,
+                       "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.lost = False
+        self._beat: _Beat | None = None
+
+    def acquire(self, say=print, wait: bool = True) -> bool:
+        """Wait for the lock (or, ``wait=False``, give up at once if a live job holds it), breaking
+        it if its holder is dead; then heartbeat it."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        waited_since = time.monotonic()
+        last_said = None
+        delay = 0.05
+        while True:
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except FileNotFoundError:  # the last job removed the empty state directory just now
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                continue
+            except FileExistsError:
+                holder, age = _read_record(self.path)
+                if holder is None:
+                    continue  # released just now
+                if is_dead(holder, age):
+                    say(f"megacache: breaking the stale lock {self.path} (held by {_who(holder)}, job "
+                        f"{holder.get('job', '?')}, last heartbeat {age:.0f} s ago)")
+                    self._break(holder)
+                    continue
+                if not wait:
+                    return False
+                now = time.monotonic()
+                if last_said is None or now - last_said > 60:
+                    say(f"megacache: waiting for {self.path}: {holder.get('what', 'another job')} by "
+                        f"{_who(holder)} (job {holder.get('job', '?')}, since {holder.get('since', '?')}), "
+                        f"waited {now - waited_since:.0f} s")
+                    last_said = now
+                time.sleep(delay)
+                delay = min(2 * delay, 1.0)
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps(self.record))
+            self._beat = _Beat(self._refresh, "megacache-lock")
+            return True
+
+    def _break(self, holder: dict) -> None:
+        """Rename the stale lock aside (only one breaker wins the rename) and delete it. If what
+        was renamed is not the lock judged stale (a new holder took it meanwhile), put it back."""
+        aside = f"{self.path}.broken-{self.record['token']}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        taken, _ = _read_record(aside)
+        if taken is not None and taken.get("token") != holder.get("token"):
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+        remove_quietly(aside)
+
+    def _refresh(self) -> None:
+        record, _ = _read_record(self.path)
+        if record is None or record.get("token") != self.record["token"]:
+            self.lost = True
+            return
+        try:
+            os.utime(self.path)
+        except FileNotFoundError:
+            self.lost = True
+
+    def release(self) -> None:
+        if self._beat is not None:
+            self._beat.stop()
+            self._beat = None
+        record, _ = _read_record(self.path)
+        if record is not None and record.get("token") == self.record["token"]:
+            remove_quietly(self.path)
+
+    def check_held(self) -> None:
+        """Before publishing: refuse if another job judged this one dead and took the lock."""
+        if self.lost:
+            raise MegacacheError(f"{self.path}: this job lost its lock (another job judged it dead after "
+                                 f"{stale_s():.0f} s without a heartbeat); nothing was published. Rerun; "
+                                 f"raise $MEGACACHE_STALE_S on a filesystem with slow metadata updates")
+
+
+def job_dir(directory: str, key: str, job: str) -> str:
+    return os.path.join(state_dir(directory), f"{key}.job-{job}")
+
+
+class Monitor:
+    """This rank's phase record, refreshed every heartbeat, and a watch on the next rank's."""
+
+    def __init__(self, directory: str, key: str, job: str, rank: int, size: int, abort):
+        self.dir = job_dir(directory, key, job)
+        self.rank, self.size, self._abort = rank, size, abort
+        self.path = os.path.join(self.dir, f"rank-{rank}")
+        self.phase = "starting"
+        self._started = time.time()
+        self._peer_seen = False
+        os.makedirs(self.dir, exist_ok=True)
+        self._write()
+        self._beat = _Beat(self._tick, "megacache-monitor")
+
+    def _write(self) -> None:
+        write_json_atomic(self.path, {**this_process(), "rank": self.rank, "ranks": self.size,
+                                      "phase": self.phase})
+
+    def enter(self, phase: str) -> None:
+        self.phase = phase
+        self._write()
+
+    def _tick(self) -> None:
+        try:
+            os.utime(self.path)
+        except FileNotFoundError:
+            self._write()
+        if self.size == 1:
+            return
+        peer = (self.rank + 1) % self.size
+        record, age = _read_record(os.path.join(self.dir, f"rank-{peer}"))
+        if record is None:
+            # A rank whose job failed removes its record and leaves; one never seen never started.
+            if not self._peer_seen and time.time() - self._started > stale_s():
+                self._stop(f"rank {peer} never started (no record in {self.dir} after {stale_s():.0f} s)")
+            return
+        self._peer_seen = True
+        if is_dead(record, age):
+            how = "its process is gone" if process_gone(record) else f"no heartbeat for {age:.0f} s"
+            self._stop(f"rank {peer} ({_who(record)}) died during phase '{record.get('phase', '?')}' ({how})")
+
+    def dead_ranks(self) -> list[tuple[int, str, str]]:
+        """``(rank, phase, how)`` of every rank whose record shows it dead (read after a
+        collective failed, to say who brought the job down)."""
+        dead = []
+        for rank in range(self.size):
+            record, age = _read_record(os.path.join(self.dir, f"rank-{rank}"))
+            if record and rank != self.rank and is_dead(record, age):
+                how = "its process is gone" if process_gone(record) else f"no heartbeat for {age:.0f} s"
+                dead.append((rank, record.get("phase", "?"), f"{_who(record)}: {how}"))
+        return dead
+
+    def _stop(self, why: str) -> None:
+        print(f"megacache: rank {self.rank}: {why}; stopping the whole job. Rerun it: finished work is kept, "
+              f"partial files are removed.", file=sys.stderr, flush=True)
+        self._abort()
+
+    def close(self) -> None:
+        self._beat.stop()
+
+
+@dataclass
+class Leftovers:
+    """What dead jobs left in a directory, found and removed by the next lock holder."""
+
+    reports: list[str]
+    temporaries: int
+
+
+def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, ...]) -> Leftovers:
+    """Report and remove the rank records of jobs that did not finish, and every temporary file in
+    ``directory`` whose name starts with one of ``temporaries`` (the lock's outputs; ``("",)`` for
+    all): with the lock held, none of them belongs to a live job."""
+    reports = []
+    state = state_dir(directory)
+    prefix = f"{key}.job-"
+    try:
+        names = sorted(os.listdir(state))
+    except FileNotFoundError:
+        names = []
+    for name in names:
+        if not name.startswith(prefix) or name == f"{prefix}{own_job}":
+            continue
+        path = os.path.join(state, name)
+        ranks = []
+        rank_files = [n for n in os.listdir(path) if n.startswith("rank-") and n[5:].isdigit()]
+        for rank_file in sorted(rank_files, key=lambda n: int(n[5:])):
+            record, _ = _read_record(os.path.join(path, rank_file))
+            if record:
+                ranks.append(f"rank {record.get('rank', '?')} ({_who(record)}) was in phase "
+                             f"'{record.get('phase', '?')}'")
+        if ranks:  # a job whose ranks all failed cleanly removed its records and reported its error
+            reports.append(f"an earlier job ({name[len(prefix):]}) did not finish: " + "; ".join(ranks))
+        shutil.rmtree(path, ignore_errors=True)
+    removed = 0
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        entries = []
+    for entry in entries:
+        if entry.name.startswith(temporaries) and TMP_MARK in entry.name and entry.is_file():
+            remove_quietly(entry.path)
+            removed += 1
+    return Leftovers(reports, removed)
+
+
+@dataclass
+class Guard:
+    """A job holding its locks, with this rank's monitor."""
+
+    job: str
+    locks: list[Lock]
+    monitor: Monitor
+
+    def enter(self, phase: str) -> None:
+        self.monitor.enter(phase)
+
+    def check_held(self) -> None:
+        for lock in self.locks:
+            lock.check_held()
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _clear(directory: str, key: str, job: str, temporaries: tuple[str, ...]) -> None:
+    left = post_mortem(directory, key, job, temporaries)
+    for report in left.reports:
+        _say(f"megacache: {directory}: {report}")
+    if left.temporaries:
+        _say(f"megacache: {directory}: removed {left.temporaries} temporary file(s) left by jobs that died")
+
+
+def _remove_state_dir_if_empty(directory: str) -> None:
+    try:
+        os.rmdir(state_dir(directory))
+    except OSError:
+        pass
+
+
+def tidy(directories, key: str, temporaries: tuple[str, ...]) -> None:
+    """What dead jobs left where there is nothing to build (a job killed after its last rename):
+    cleared when no live job holds the lock. One listing per directory when there is nothing."""
+    for d in sorted(set(directories)):
+        try:
+            names = os.listdir(state_dir(d))
+        except FileNotFoundError:
+            continue
+        if not any(n == f"{key}.lock" or n.startswith(f"{key}.job-") for n in names):
+            continue
+        lock = Lock(d, key, "tidy", "clearing what dead jobs left")
+        if lock.acquire(_say, wait=False):
+            try:
+                _clear(d, key, lock.job, temporaries)
+            finally:
+                lock.release()
+                _remove_state_dir_if_empty(d)
+
+
+@contextmanager
+def guarded(comm, directories, key: str, temporaries: tuple[str, ...], what: str):
+    """Run a job's body holding the ``key`` lock of every directory (taken by rank 0, in sorted
+    order, so jobs never deadlock), after clearing what dead jobs left there, with every rank
+    monitored. Rank records are removed when the body succeeds on every rank; a failed body's
+    ranks remove their own."""
+    directories = sorted(set(directories))
+    job = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
+    locks: list[Lock] = []
+
+    def take() -> None:
+        try:
+            for d in directories:
+                lock = Lock(d, key, job, what)
+                try:
+                    lock.acquire(_say)
+                except OSError as exc:
+                    raise MegacacheError(f"{d}: cannot write there ({exc.strerror or exc}); the output must go to a "
+                                         f"writable directory") from None
+                locks.append(lock)
+                _clear(d, key, job, temporaries)
+        except BaseException:
+            for lock in locks:
+                lock.release()
+            raise
+
+    comm.on_root(take, "taking the lock")
+    monitor = None
+    ok = False
+    try:
+        monitor = Monitor(directories[0], key, job, comm.rank, comm.size, comm.abort)
+        try:
+            yield Guard(job, locks, monitor)
+        except Exception as exc:
+            # A collective that failed because a peer died (a closed connection, a timeout) says
+            # nothing of who; the records do.
+            dead = [] if isinstance(exc, MegacacheError) else monitor.dead_ranks()
+            if dead:
+                raise JobFailed(dead[0][1], [(r, f"died during phase '{p}' ({how})") for r, p, how in dead]) from exc
+            raise
+        ok = True
+    finally:
+        if monitor is not None:
+            monitor.close()
+        if ok:
+            comm.barrier()  # every rank stopped watching before the records go
+            if comm.rank == 0:
+                shutil.rmtree(job_dir(directories[0], key, job), ignore_errors=True)
+        elif monitor is not None:
+            remove_quietly(monitor.path)
+        for lock in locks:
+            lock.release()
+            _remove_state_dir_if_empty(lock.directory)

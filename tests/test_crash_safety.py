@@ -1,0 +1,231 @@
+"""Crash safety with real signals: a rank of a real ``mpiexec -n 2`` job is killed with SIGKILL at a
+random moment (a random phase, read from the ranks' own records), then (a) every file a reader
+would load (megacache's reader or megatron-core's: the final names) is either absent or equal to an
+uninterrupted run's, and (b) a rerun completes with identical bytes, leaving no temporaries, locks
+or rank records behind. Per workload: tokenize, one-prefix build, blend build.
+
+The trial counts and where each kill landed are printed (``-s`` shows them; the summary line is
+also in the assertion message)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from corpus import documents, write_jsonl
+from megacache.blendspec import parse_blend
+from megacache.builders.build import BuildConfig, build, megatron_split_sizes
+from megacache.builders.tokenize import TokenizeConfig, tokenize
+from megacache.comm import SingleComm
+from megacache.fsio import STATE_DIR, TMP_MARK
+from oracle import write_lengths
+from test_build import NULL_TOKENIZER
+
+TRIALS = int(os.environ.get("MEGACACHE_FAULT_TRIALS", "20"))
+TOKENIZER_FLAGS = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
+
+
+@dataclass
+class Workload:
+    name: str
+    args: list[str]                     # megacache's command line
+    outputs: str                        # the directory whose final files a reader loads
+    rerun: Callable[[], None]           # the same job in this process (one rank)
+    phases: list[str]                   # where kills are aimed (records' phase names)
+
+
+def final_files(directory: str) -> dict[str, bytes]:
+    """What a reader can load: the files under their final names (temporaries and megacache's
+    state directory are never read by megatron-core or megacache's reader)."""
+    return {e.name: open(e.path, "rb").read() for e in os.scandir(directory)
+            if e.is_file() and TMP_MARK not in e.name and not e.name.startswith(".")}
+
+
+def rank_processes(launcher: int) -> list[int]:
+    """The python ranks below an ``mpiexec`` (its proxies' children)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    ranks = []
+    for proxy in children.get(launcher, []):
+        ranks.extend(children.get(proxy, []))
+    return ranks
+
+
+def current_phases(directory: str) -> set[str]:
+    """The phases the ranks' records show now (records are JSON, rewritten by rename)."""
+    import json
+
+    phases = set()
+    state = os.path.join(directory, STATE_DIR)
+    try:
+        jobs = [os.path.join(state, n) for n in os.listdir(state) if ".job-" in n]
+        for job in jobs:
+            for rank in os.listdir(job):
+                if rank.startswith("rank-"):
+                    with open(os.path.join(job, rank)) as f:
+                        phases.add(json.load(f)["phase"])
+    except (OSError, ValueError):
+        pass
+    return phases
+
+
+def kill_one_rank(workload: Workload, rng: np.random.Generator) -> str:
+    """Start the job, kill one rank in a random phase, wait for the job to end; where it landed."""
+    target = workload.phases[int(rng.integers(0, len(workload.phases)))]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", MEGACACHE_HEARTBEAT_S="0.2")
+    launcher = subprocess.Popen(["mpiexec", "-n", "2", sys.executable, "-m", "megacache", *workload.args],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    landed = None
+    deadline = time.monotonic() + 60
+    while launcher.poll() is None and time.monotonic() < deadline:
+        ranks = rank_processes(launcher.pid)
+        phases = current_phases(workload.outputs)
+        ready = target in phases if target != "startup" else len(ranks) == 2
+        if ready and len(ranks) == 2:
+            time.sleep(float(rng.uniform(0, 0.03 if target != "startup" else 1.0)))
+            victim = ranks[int(rng.integers(0, 2))]
+            landed = "/".join(sorted(current_phases(workload.outputs))) or "startup"
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                landed = None
+            break
+        time.sleep(0.002)
+    try:
+        _, stderr = launcher.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        launcher.kill()
+        raise AssertionError(f"{workload.name}: the job did not end within 60 s after a rank was killed")
+    if landed is None:
+        assert launcher.returncode == 0, stderr
+        return "finished first"
+    return landed
+
+
+def run_trials(workload: Workload, reference: dict[str, bytes], seed: int) -> str:
+    rng = np.random.default_rng(seed)
+    outcomes: dict[str, int] = {}
+    kills = 0
+    for trial in range(TRIALS if TRIALS else 0):
+        landed = kill_one_rank(workload, rng)
+        kills += landed != "finished first"
+        visible = final_files(workload.outputs)
+        wrong = [n for n, data in visible.items() if reference.get(n) != data]
+        assert not wrong, f"{workload.name} trial {trial} (killed in {landed}): partial or wrong files visible: {wrong}"
+        workload.rerun()
+        assert final_files(workload.outputs) == reference, f"{workload.name} trial {trial}: rerun differs"
+        leftovers = [e.name for e in os.scandir(workload.outputs) if TMP_MARK in e.name or ".megacache-work" in e.name]
+        state = os.path.join(workload.outputs, STATE_DIR)
+        leftovers += [n for n in (os.listdir(state) if os.path.isdir(state) else []) if n != "manifest.json"]
+        assert not leftovers, f"{workload.name} trial {trial}: left behind after the rerun: {leftovers}"
+        outcomes[landed] = outcomes.get(landed, 0) + 1
+        reset(workload)
+    summary = (f"{workload.name}: {TRIALS} trials, {kills} ranks killed mid-job, every visible file equal to an "
+               f"uninterrupted run's, every rerun byte-identical; kills landed in: "
+               + ", ".join(f"{k} x{v}" for k, v in sorted(outcomes.items())))
+    print(summary)
+    assert kills >= min(TRIALS, 20) * 0.9, summary
+    return summary
+
+
+def reset(workload: Workload) -> None:
+    """Back to the state before the job: its outputs removed (inputs kept)."""
+    for e in os.scandir(workload.outputs):
+        if e.is_dir() and e.name == STATE_DIR:
+            shutil.rmtree(e.path)
+        elif e.is_file() and (e.name.endswith((".bin", ".idx", ".npy", ".txt")) and "out_" in e.name
+                              or "Dataset" in e.name):
+            os.unlink(e.path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Workloads
+
+
+def tokenize_workload(tmp) -> tuple[Workload, dict[str, bytes]]:
+    data = tmp / "corpus"
+    data.mkdir()
+    docs = documents(6000, seed=11)
+    for i in range(8):
+        write_jsonl(str(data / f"shard{i}.jsonl"), docs[i::8])
+    out = tmp / "out"
+    out.mkdir()
+    prefix = str(out / "out")
+    args = ["tokenize", "--input", str(data), "--output-prefix", prefix, "--unit-bytes", "64K"]
+    cfg = TokenizeConfig(inputs=[str(data)], output_prefix=prefix, unit_bytes=64 << 10, threads=1)
+    tokenize(cfg, SingleComm())
+    reference = final_files(str(out))
+    wl = Workload("tokenize", args, str(out), lambda: tokenize(cfg, SingleComm()),
+                  ["startup", "tokenizing", "writing " + cfg.output_path("text")])
+    reset(wl)
+    return wl, reference
+
+
+def build_args(cache: str, data: list[str], L: int, samples: int) -> list[str]:
+    return ["build", "--data-path", *data, "--seq-length", str(L), "--train-samples", str(samples),
+            "--global-batch-size", "8", "--eval-iters", "10", "--data-cache-path", cache, *TOKENIZER_FLAGS]
+
+
+def build_sizes(samples: int) -> tuple:
+    """The sizes ``build_args`` asks for."""
+    return megatron_split_sizes(samples, global_batch_size=8, eval_iters=10)
+
+
+def gpt_workload(tmp) -> tuple[Workload, dict[str, bytes]]:
+    rng = np.random.default_rng(5)
+    prefix = str(tmp / "big")
+    write_lengths(prefix, rng.integers(1, 120, 600_000))
+    cache = tmp / "cache"
+    cache.mkdir()
+    cfg = BuildConfig.for_prefix(prefix, seq_length=32, sizes=build_sizes(1_500_000), tokenizer=NULL_TOKENIZER,
+                                 cache_dir=str(cache))
+    build(cfg, SingleComm())
+    reference = final_files(str(cache))
+    wl = Workload("build", build_args(str(cache), [prefix], 32, 1_500_000), str(cache),
+                  lambda: build(cfg, SingleComm()),
+                  ["startup", "document index", "sample index", "shuffle index", "publish"])
+    reset(wl)
+    return wl, reference
+
+
+def blend_workload(tmp) -> tuple[Workload, dict[str, bytes]]:
+    rng = np.random.default_rng(6)
+    words = []
+    for i in range(60):
+        prefix = str(tmp / f"d{i:03d}")
+        write_lengths(prefix, rng.integers(1, 200, int(rng.integers(2000, 20000))))
+        words += [f"{rng.uniform(0.1, 3):.3f}", prefix]
+    cache = tmp / "cache"
+    cache.mkdir()
+    cfg = BuildConfig(blend=parse_blend(words), seq_length=64, sizes=build_sizes(400_000),
+                      tokenizer=NULL_TOKENIZER, cache_dir=str(cache))
+    build(cfg, SingleComm())
+    reference = final_files(str(cache))
+    wl = Workload("blend", build_args(str(cache), words, 64, 400_000), str(cache), lambda: build(cfg, SingleComm()),
+                  ["startup", "blend (start)", "document index", "sample index", "blend (finish)", "publish"])
+    reset(wl)
+    return wl, reference
+
+
+@pytest.mark.parametrize("make,seed", [(tokenize_workload, 1), (gpt_workload, 2), (blend_workload, 3)],
+                         ids=["tokenize", "build", "blend"])
+def test_kill_one_rank_at_a_random_moment(tmp_path, make, seed):
+    workload, reference = make(tmp_path)
+    assert reference, "the reference run wrote nothing"
+    run_trials(workload, reference, seed)
