@@ -300,8 +300,8 @@ class Leftovers:
 
 
 def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, ...]) -> Leftovers:
-    """Report and remove the rank records of jobs that did not finish, and every temporary file in
-    ``directory`` whose name starts with one of ``temporaries`` (the lock's outputs; ``("",)`` for
+    """Report and remove the rank records of jobs that did not finish, and every temporary (file, or
+    directory being deleted) in ``directory`` whose name starts with one of ``temporaries`` (the lock's outputs; ``("",)`` for
     all): with the lock held, none of them belongs to a live job."""
     reports = []
     state = state_dir(directory)
@@ -330,8 +330,11 @@ def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, 
     except FileNotFoundError:
         entries = []
     for entry in entries:
-        if entry.name.startswith(temporaries) and TMP_MARK in entry.name and entry.is_file():
-            remove_quietly(entry.path)
+        if entry.name.startswith(temporaries) and TMP_MARK in entry.name:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                remove_quietly(entry.path)
             removed += 1
     return Leftovers(reports, removed)
 

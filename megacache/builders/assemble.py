@@ -102,9 +102,11 @@ def temporaries(prefix: str) -> tuple[str, ...]:
     return tuple(os.path.basename(tmp_path(path(prefix), "")) for path in (idx_path, bin_path))
 
 
-def guarded_output(comm: Comm, output_prefix: str, prefixes: list[str], what: str):
+def guarded_output(comm: Comm, output_prefix: str, prefixes: list[str], what: str, work_dirs=()):
     """``jobs.guarded`` for a job writing the datasets ``prefixes`` (named from ``output_prefix``,
-    in its directory): one such job at a time, after what dead ones left there is cleared."""
+    in its directory) and using ``work_dirs`` there: one such job at a time, after what dead ones
+    left there (temporary files, work directories being deleted) is cleared."""
     directory = os.path.dirname(os.path.abspath(output_prefix))
     key = "prefix-" + os.path.basename(output_prefix)
-    return guarded(comm, [directory], key, tuple(t for p in prefixes for t in temporaries(p)), what)
+    names = [t for p in prefixes for t in temporaries(p)] + [os.path.basename(tmp_path(w, "")) for w in work_dirs]
+    return guarded(comm, [directory], key, tuple(names), what)

@@ -122,7 +122,8 @@ def _prepare_work_dir(work_dir: str, fingerprint: str) -> list[int]:
             same = False
         if same:
             return sorted(int(n[5:12]) for n in os.listdir(work_dir) if n.endswith(".done"))
-        shutil.rmtree(work_dir)
+        os.rename(work_dir, tmp_path(work_dir, "stale"))
+        shutil.rmtree(tmp_path(work_dir, "stale"))
     os.makedirs(work_dir)
     write_json_atomic(manifest, {"fingerprint": fingerprint})
     return []
@@ -231,7 +232,8 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
     dtype = optimal_dtype(tok.vocab_size)
 
     outputs = [cfg.output_path(k) for k in cfg.json_keys]
-    with guarded_output(comm, cfg.output_prefix, outputs, f"megacache tokenize into {cfg.output_prefix}") as guard:
+    with guarded_output(comm, cfg.output_prefix, outputs, f"megacache tokenize into {cfg.output_prefix}",
+                        work_dirs=[cfg.work_dir]) as guard:
         ordered, tokens, documents, reused = _tokenize_locked(cfg, comm, paths, units, tok, dtype, guard)
     bad_first = [loc for r in ordered for loc in r["bad_first"]][:MAX_BAD_LOCATIONS]
     return TokenizeResult(
@@ -298,7 +300,11 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
 
     comm.barrier()
     if comm.rank == 0:
-        shutil.rmtree(cfg.work_dir, ignore_errors=True)
+        # Renamed away first: a job killed while deleting must never leave done records whose
+        # parts are gone (a rerun would trust them).
+        trash = tmp_path(cfg.work_dir, tag)
+        os.rename(cfg.work_dir, trash)
+        shutil.rmtree(trash, ignore_errors=True)
     return ordered, tokens, documents, reused
 
 
