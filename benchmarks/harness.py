@@ -1,5 +1,6 @@
-"""What the build benchmarks share: megatron-core and megacache run as fresh processes, timed from
-outside, alternating; caches compared byte for byte; medians, a JSON line of results, a table."""
+"""What every workload shares: a program run as a fresh process (under ``mpiexec -n P`` for
+megacache) timed from outside, with its phases and each rank's resource use; outputs compared byte
+for byte; the machine; medians; the results file (one JSON line per workload and run)."""
 
 from __future__ import annotations
 
@@ -8,190 +9,232 @@ import importlib.metadata
 import json
 import os
 import platform
-import shutil
+import re
 import statistics
 import subprocess
 import sys
 import time
 
-import numpy as np
-from blend_kernel import cpu_model
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_RESULTS = os.path.join(ROOT, "benchmarks", "results", "suite.jsonl")
 
-# argv: JSON of {prefixes, weights, split, seed, seq_length, sizes, vocab_size, cache}. Prints one JSON
-# line. A one-process gloo group: megatron-core 0.16.1 cannot cache a blend without a process group.
-MCORE = r"""
-import json, resource, socket, sys, time, warnings
-t0 = time.perf_counter()
-a = json.loads(sys.argv[1])
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    import torch.distributed as dist
-    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-    from megatron.core.tokenizers import MegatronTokenizer
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
-    tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=a["vocab_size"])
-    config = GPTDatasetConfig(random_seed=a["seed"], sequence_length=a["seq_length"],
-                              blend=(a["prefixes"], a["weights"]), split=a["split"], tokenizer=tokenizer,
-                              reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                              add_extra_token_to_sequence=True, drop_last_partial_validation_sequence=True,
-                              path_to_cache=a["cache"])
-    t1 = time.perf_counter()
-    BlendedMegatronDatasetBuilder(GPTDataset, a["sizes"], lambda: True, config).build()
-t2 = time.perf_counter()
-print(json.dumps({"import_s": t1 - t0, "build_s": t2 - t1,
-                  "rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
-"""
-
-# argv: RSS_PREFIX then megacache's own arguments. Runs ``python -m megacache`` in this process and
-# writes this rank's peak RSS (KiB) to RSS_PREFIX.<rank> at exit.
-RSS_WRAP = r"""
-import atexit, os, resource, runpy, sys
-path = sys.argv[1] + "." + os.environ.get("PMI_RANK", "0")
-atexit.register(lambda: open(path, "w").write(str(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)))
-sys.argv = ["megacache"] + sys.argv[2:]
-runpy.run_module("megacache", run_name="__main__", alter_sys=True)
-"""
+# What neither side times itself: launcher, interpreter start-up, imports not timed, exit.
+OTHER = "other"
+# Phases that are start-up rather than work, in either side's own accounting ("jit": loading or
+# compiling numba kernels before the first call).
+STARTUP_PHASES = (OTHER, "import", "jit")
 
 
-def run_mcore(args: dict, cache: str) -> dict:
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", MCORE, json.dumps({**args, "cache": cache})], check=True,
-                         capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    return {"seconds": seconds, **json.loads(out.stdout.strip().splitlines()[-1])}
+class BenchmarkFailure(Exception):
+    """A run that failed or an output that differs from the reference: the suite stops."""
 
 
-def run_megacache(ranks: int, build_args: list[str], cache: str, rss_prefix: str) -> dict:
-    cmd = [sys.executable, "-c", RSS_WRAP, rss_prefix, "build", *build_args, "--data-cache-path", cache]
-    if ranks > 1:
+# ------------------------------------------------------------------------------------------------
+# One run
+
+
+def _phases(stdout: str) -> dict[str, float]:
+    """``  phases: plan 0.12 s, …`` (megacache build and this package's programs), or the
+    ``megacache tokenize: done in X s`` summary as one phase named after the command."""
+    for line in stdout.splitlines():
+        if line.strip().startswith("phases:"):
+            items = (item.split() for item in line.split(":", 1)[1].split(","))
+            return {name: float(value) for name, value, _unit in items}
+    m = re.search(r"^megacache (\w+): done in ([0-9.]+) s", stdout, re.MULTILINE)
+    if m:
+        return {m.group(1): float(m.group(2))}
+    raise BenchmarkFailure(f"no phases in the program's output:\n{stdout[-2000:]}")
+
+
+def run_program(module_args: list[str], ranks: int | None, work: str) -> dict:
+    """``python -m MODULE ARGS`` through the probe, under ``mpiexec -n ranks`` (None: plainly, one
+    process). Wall seconds from outside; ``phases`` as the program reports them plus ``other``
+    (the wall time they do not cover); per-rank peak RSS, CPU seconds and bytes written."""
+    stats = os.path.join(work, "probe-stats")
+    cmd = [sys.executable, "-m", "benchmarks.probe", stats, *module_args]
+    if ranks is not None:
+        # MPICH's hydra starts more ranks than cores without a flag; megacache's own waits sleep,
+        # so oversubscribed ranks do not spin against each other.
         cmd = ["mpiexec", "-n", str(ranks), *cmd]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
+               PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    wall = time.perf_counter() - t0
     if out.returncode != 0:
-        raise SystemExit(f"megacache build at P={ranks} failed ({out.returncode}):\n{out.stdout}\n{out.stderr}")
-    phases_line = next(line for line in out.stdout.splitlines() if line.strip().startswith("phases:"))
-    phases = {k: float(v) for k, v, _ in (item.split() for item in phases_line.split(":", 1)[1].split(","))}
-    rss = []
-    for rank in range(ranks):
-        with open(f"{rss_prefix}.{rank}") as f:
-            rss.append(int(f.read()))
-        os.unlink(f"{rss_prefix}.{rank}")
-    return {"seconds": seconds, "rss_kb": rss, "phases": phases}
+        raise BenchmarkFailure(f"{' '.join(cmd)}\nexited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    per_rank = []
+    for rank in range(ranks or 1):
+        with open(f"{stats}.{rank}") as f:
+            per_rank.append(json.load(f))
+        os.unlink(f"{stats}.{rank}")
+    phases = _phases(out.stdout)
+    phases[OTHER] = max(0.0, wall - sum(phases.values()))
+    return {"wall_s": wall, "phases": phases, "rss_kb": [r["rss_kb"] for r in per_rank],
+            "cpu_s": [r["cpu_s"] for r in per_rank], "write_bytes": [r["write_bytes"] for r in per_rank]}
 
 
-def assert_same_cache(ours: str, theirs: str) -> int:
-    """Same file names, same bytes; returns the total bytes compared."""
+def summarize(runs: list[dict]) -> dict:
+    """Medians over repeats: wall, work (the program's own phases, start-up excluded), each phase,
+    CPU summed over ranks and of the busiest rank, the largest rank's peak RSS, bytes written."""
+    med = statistics.median
+    names = list(dict.fromkeys(k for r in runs for k in r["phases"]))
+    written = [sum(r["write_bytes"]) if None not in r["write_bytes"] else None for r in runs]
+    return {
+        "wall_s": med(r["wall_s"] for r in runs),
+        "work_s": med(sum(v for k, v in r["phases"].items() if k not in STARTUP_PHASES) for r in runs),
+        "phases": {k: med(r["phases"].get(k, 0.0) for r in runs) for k in names},
+        "cpu_s": med(sum(r["cpu_s"]) for r in runs),
+        "cpu_max_rank_s": med(max(r["cpu_s"]) for r in runs),
+        "rss_max_kb": med(max(r["rss_kb"]) for r in runs),
+        "write_bytes": None if None in written else med(written),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Outputs
+
+
+def same_outputs(ours: str, theirs: str) -> None:
+    """Same file names, same bytes, or a failure naming the files. megacache's state directory
+    (locks, manifest) beside its outputs is its own; any other extra file is a failure."""
+    from megacache.fsio import STATE_DIR
+
     names = sorted(os.listdir(theirs))
-    if sorted(os.listdir(ours)) != names:
-        raise SystemExit(f"cache file names differ:\n  megacache {sorted(os.listdir(ours))}\n  megatron  {names}")
+    mine = sorted(n for n in os.listdir(ours) if n != STATE_DIR)
+    if mine != names:
+        raise BenchmarkFailure(f"output file names differ:\n  megacache {mine}\n  reference {names}")
     _, mismatch, errors = filecmp.cmpfiles(ours, theirs, names, shallow=False)
     if mismatch or errors:
-        raise SystemExit(f"cache files differ from megatron-core's: {mismatch + errors}")
-    return sum(os.path.getsize(os.path.join(theirs, n)) for n in names)
+        raise BenchmarkFailure(f"{ours}: files differ from the reference's in {theirs}: {mismatch + errors}")
 
 
-def add_common_args(ap, split: str, results: str) -> None:
-    """The flags both build benchmarks take: document shape, Megatron settings, ranks, repeats."""
-    ap.add_argument("--mean-length", type=float, default=1000, help="mean document length in tokens")
-    ap.add_argument("--sigma", type=float, default=1.0, help="lognormal shape of the document lengths")
-    ap.add_argument("--seq-length", type=int, default=4096)
-    ap.add_argument("--split", default=split)
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--vocab-size", type=int, default=32000)
-    ap.add_argument("--ranks", default="1,2", help="megacache rank counts, comma-separated")
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--results", default=results)
+def describe_outputs(directory: str) -> dict:
+    """Files and bytes (in all and per file suffix), and for each kind of ``.npy`` array (the
+    name after the last ``-``, e.g. ``sample_index``) its elements and bytes: what the
+    projection scales by."""
+    from megacache.formats.npy import read_npy_header
+
+    kinds: dict[str, dict[str, int]] = {}
+    names = sorted(os.listdir(directory))
+    for name in names:
+        if name.endswith(".npy"):
+            dtype, shape = read_npy_header(os.path.join(directory, name))
+            kind = kinds.setdefault(name[:-4].rsplit("-", 1)[-1], {"files": 0, "elements": 0, "bytes": 0})
+            elements = 1
+            for s in shape:
+                elements *= s
+            kind["files"] += 1
+            kind["elements"] += elements
+            kind["bytes"] += elements * dtype.itemsize
+    by_suffix: dict[str, int] = {}
+    for name in names:
+        suffix = os.path.splitext(name)[1]
+        by_suffix[suffix] = by_suffix.get(suffix, 0) + os.path.getsize(os.path.join(directory, name))
+    return {"files": len(names), "bytes": sum(by_suffix.values()), "bytes_by_suffix": by_suffix, "arrays": kinds}
 
 
-def compare_builds(mcore_args: dict, build_args: list[str], ranks: list[int], repeats: int, work: str):
-    """Alternate megatron-core and megacache at each P, ``repeats`` times; every cache must equal
-    megatron-core's. Returns (megatron runs, megacache runs per P, cache bytes)."""
-    mcore, ours = [], {p: [] for p in ranks}
-    cache_bytes = 0
-    for rep in range(repeats):  # alternate, so drift in machine load hits every side
-        theirs = os.path.join(work, f"mcore-{rep}")
-        mcore.append(run_mcore(mcore_args, theirs))
-        print(f"[{rep}] megatron-core {mcore[-1]['seconds']:.1f} s "
-              f"(build() {mcore[-1]['build_s']:.1f} s), {mcore[-1]['rss_kb'] / 2**20:.2f} GiB", flush=True)
-        for p in ranks:
-            cache = os.path.join(work, f"megacache-{p}-{rep}")
-            ours[p].append(run_megacache(p, build_args, cache, os.path.join(work, "rss")))
-            cache_bytes = assert_same_cache(cache, theirs)
-            shutil.rmtree(cache)
-            r = ours[p][-1]
-            print(f"[{rep}] megacache P={p} {r['seconds']:.1f} s, "
-                  f"{max(r['rss_kb']) / 2**20:.2f} GiB/rank max; phases "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in r["phases"].items()), flush=True)
-        shutil.rmtree(theirs)
-    return mcore, ours, cache_bytes
+# ------------------------------------------------------------------------------------------------
+# Machine and results
 
 
-def record_and_report(name: str, bars: dict, mcore: list, ours: dict, cache_bytes: int, params: dict,
-                      results: str, machine_before: tuple) -> None:
-    """Medians, the bars at P = 2 (``{"label": (speedup at least, RSS ratio at most)}``), one JSON
-    line appended to ``results``, and the table."""
-    import numba
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
-    mcore_s = statistics.median(r["seconds"] for r in mcore)
-    mcore_rss = statistics.median(r["rss_kb"] for r in mcore)
-    rows = {}
-    for p, runs in ours.items():
-        rows[p] = {
-            "seconds": [r["seconds"] for r in runs],
-            "rss_kb": [r["rss_kb"] for r in runs],
-            "phases": [r["phases"] for r in runs],
-            "seconds_median": statistics.median(r["seconds"] for r in runs),
-            "rss_kb_per_rank_max_median": statistics.median(max(r["rss_kb"]) for r in runs),
-            "phases_median": {k: statistics.median(r["phases"][k] for r in runs) for k in runs[0]["phases"]},
-        }
-        rows[p]["speedup"] = mcore_s / rows[p]["seconds_median"]
-        rows[p]["rss_ratio"] = rows[p]["rss_kb_per_rank_max_median"] / mcore_rss
-    speedup_bar, rss_bar = bars["speedup"], bars["rss_ratio"]
-    verdict = None
-    if 2 in rows:
-        verdict = {f"speedup_p2_ge_{speedup_bar}": rows[2]["speedup"] >= speedup_bar,
-                   f"rss_ratio_p2_le_{rss_bar}": rows[2]["rss_ratio"] <= rss_bar}
-    uptime_before, load_before = machine_before
-    record = {
-        "benchmark": name,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "machine": {"cpus": os.cpu_count(), "cpu": cpu_model(), "platform": platform.platform(),
-                    "uptime_before": uptime_before, "loadavg_before": load_before,
-                    "loadavg_after": os.getloadavg()},
-        "versions": {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-                     "megatron_core": importlib.metadata.version("megatron-core")},
-        **params,
-        "cache_bytes": cache_bytes, "repeats": len(mcore), "identical_caches": True,
-        "megatron": {"seconds": [r["seconds"] for r in mcore], "build_s": [r["build_s"] for r in mcore],
-                     "import_s": [r["import_s"] for r in mcore], "rss_kb": [r["rss_kb"] for r in mcore],
-                     "seconds_median": mcore_s, "build_s_median": statistics.median(r["build_s"] for r in mcore),
-                     "rss_kb_median": mcore_rss},
-        "megacache": {str(p): row for p, row in rows.items()},
-        "bars": verdict,
+
+def _mem_total_gib() -> float | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def git_commit() -> str | None:
+    """HEAD's commit, read from ``.git`` directly (no git process), or None outside a checkout."""
+    git = os.path.join(ROOT, ".git")
+    try:
+        with open(os.path.join(git, "HEAD")) as f:
+            head = f.read().strip()
+        if not head.startswith("ref: "):
+            return head
+        ref = head[5:]
+        if os.path.exists(os.path.join(git, ref)):
+            with open(os.path.join(git, ref)) as f:
+                return f.read().strip()
+        with open(os.path.join(git, "packed-refs")) as f:
+            for line in f:
+                if line.rstrip().endswith(" " + ref):
+                    return line.split()[0]
+    except OSError:
+        pass
+    return None
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _mpiexec_version() -> str | None:
+    try:
+        out = subprocess.run(["mpiexec", "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"Version:\s*(\S+)", out)
+    return f"hydra {m.group(1)}" if m else out.strip().splitlines()[0] if out.strip() else None
+
+
+def machine_info() -> dict:
+    return {
+        "cpu": cpu_model(), "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+        "ram_gib": _mem_total_gib(), "platform": platform.platform(), "loadavg": list(os.getloadavg()),
+        "versions": {"python": platform.python_version(), "numpy": _version("numpy"), "numba": _version("numba"),
+                     "megacache": _version("megacache"), "megatron_core": _version("megatron-core"),
+                     "tokenizers": _version("tokenizers"), "mpi4py": _version("mpi4py"),
+                     "mpiexec": _mpiexec_version()},
+        "git_commit": git_commit(),
     }
-    os.makedirs(os.path.dirname(results), exist_ok=True)
-    with open(results, "a") as f:
+
+
+def shown(path: str) -> str:
+    """A path as printed: relative to the working directory when inside it."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
+def append_record(path: str, record: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
 
-    print(f"\nmedians of {len(mcore)}: wall seconds from outside (imports included), peak RSS per rank; "
-          f"caches identical ({cache_bytes / 2**20:.0f} MiB)")
-    print(f"{'side':<18}{'wall s':>9}{'peak RSS GiB':>14}{'speedup':>9}{'RSS ratio':>11}")
-    print(f"{'megatron-core':<18}{mcore_s:>9.1f}{mcore_rss / 2**20:>14.2f}{'1.0x':>9}{'1.00':>11}   "
-          f"(build() {record['megatron']['build_s_median']:.1f} s)")
-    for p, row in rows.items():
-        print(f"{f'megacache P={p}':<18}{row['seconds_median']:>9.1f}{row['rss_kb_per_rank_max_median'] / 2**20:>14.2f}"
-              f"{row['speedup']:>8.1f}x{row['rss_ratio']:>11.2f}   phases "
-              + ", ".join(f"{k} {v:.2f}" for k, v in row["phases_median"].items()))
-    if verdict:
-        print("bars at P=2: " + ", ".join(f"{k} {'PASS' if v else 'FAIL'}" for k, v in verdict.items()))
-    print(f"load average {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs ({cpu_model()})")
+
+def load_records(path: str) -> list[dict]:
+    """The suite's records in file order (lines of the older per-script files are skipped)."""
+    with open(path) as f:
+        return [r for r in map(json.loads, filter(str.strip, f)) if r.get("benchmark") == "suite"]
 
 
-def machine_before() -> tuple:
-    uptime = subprocess.run(["uptime"], check=True, capture_output=True, text=True).stdout.strip()
-    return uptime, os.getloadavg()
+def latest_per_workload(records: list[dict], suite: str | None = None, prefer_large: bool = False) -> dict:
+    """``{workload: record}``: the last record of each workload (of ``suite`` if given); with
+    ``prefer_large``, the last among those of the largest factor."""
+    chosen: dict[str, dict] = {}
+    for r in records:
+        if suite is not None and r["suite"] != suite:
+            continue
+        old = chosen.get(r["workload"])
+        if old is None or not prefer_large or r["factor"] >= old["factor"]:
+            chosen[r["workload"]] = r
+    return chosen

@@ -1,0 +1,81 @@
+"""``python -m benchmarks run|report|project`` (see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def _ranks(text: str) -> list[int]:
+    try:
+        ranks = sorted({int(r) for r in text.split(",") if r.strip()})
+    except ValueError:
+        ranks = []
+    if not ranks or ranks[0] < 1:
+        raise argparse.ArgumentTypeError(f"--ranks wants positive rank counts such as 1,2,4,8, got {text!r}")
+    return ranks
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .harness import DEFAULT_RESULTS, BenchmarkFailure, shown
+    from .workloads import SUITES, WORKLOADS
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("run", help="measure, append to the results file, write the report")
+    p.add_argument("--suite", choices=list(SUITES), default="quick",
+                   help="; ".join(f"{name}: factor {s.factor:g}, P {','.join(map(str, s.ranks))}, {s.repeats} "
+                                  f"repeat(s)" for name, s in SUITES.items())
+                        + " (quick: a few minutes here, full: 20-40 min, smoke: under a minute)")
+    p.add_argument("--ranks", type=_ranks, help="megacache rank counts (default: the suite's)")
+    p.add_argument("--factor", type=float, help="size factor, 1 = the issue's sizes (default: the suite's)")
+    p.add_argument("--repeats", type=int, help="runs per side; medians are reported (default: the suite's)")
+    p.add_argument("--only", nargs="+", choices=list(WORKLOADS), metavar="WORKLOAD",
+                   help=f"some of: {', '.join(WORKLOADS)}")
+    p.add_argument("--results", help=f"JSON-lines file to append to (default {shown(DEFAULT_RESULTS)}; "
+                                     "the smoke suite's default is a new temporary directory)")
+    p = sub.add_parser("report", help="plots and TABLE.md next to the results file, from the file alone")
+    p.add_argument("--results", default=DEFAULT_RESULTS)
+    p.add_argument("--suite", help="only this suite's records (default: each workload's latest)")
+    p = sub.add_parser("project", help="write the 5e12-token projection from the measured phase costs")
+    p.add_argument("--results", default=DEFAULT_RESULTS)
+    p.add_argument("--suite", help="only this suite's records (default: each workload's largest factor)")
+    p.add_argument("--output", default=os.path.join("docs", "benchmarks-projection.md"))
+    args = ap.parse_args(argv)
+
+    try:
+        if args.command == "run":
+            from . import report, suite
+
+            chosen = SUITES[args.suite]
+            results = args.results or (os.path.join(tempfile.mkdtemp(prefix="megacache-bench-smoke-"), "smoke.jsonl")
+                                       if args.suite == "smoke" else DEFAULT_RESULTS)
+            repeats = args.repeats or chosen.repeats
+            if repeats < 1:
+                ap.error("--repeats must be at least 1")
+            t = time.perf_counter()
+            suite.run(args.suite, chosen, args.factor or chosen.factor, args.ranks or list(chosen.ranks),
+                      repeats, args.only or list(WORKLOADS), results)
+            written = report.write_report(results, suite=args.suite)
+            print(f"suite {args.suite} done in {time.perf_counter() - t:.0f} s; results appended to {shown(results)}; "
+                  f"wrote {', '.join(written)}")
+        elif args.command == "report":
+            from . import report
+
+            print("wrote " + ", ".join(report.write_report(args.results, suite=args.suite)))
+        else:
+            from . import project
+
+            project.write_projection(args.results, args.output, suite=args.suite)
+            print(f"wrote {args.output}")
+    except BenchmarkFailure as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""Plots and a markdown table from the results file alone, written next to it: ``speedup.png``
+(speed-up against P per workload, from wall time and from the busiest rank's CPU time),
+``phases.png`` (each side's phases stacked, per P), ``vs_megatron.png`` (wall times against the
+reference) and ``TABLE.md``. Each workload's latest record is shown (of one suite if asked)."""
+
+from __future__ import annotations
+
+import os
+
+from .harness import OTHER, latest_per_workload, load_records, shown
+from .workloads import WORKLOADS
+
+ORDER = list(WORKLOADS)
+
+
+def _selected(results: str, suite: str | None) -> list[dict]:
+    chosen = latest_per_workload(load_records(results), suite)
+    if not chosen:
+        raise SystemExit(f"{results}: no suite records{f' of suite {suite!r}' if suite else ''}; "
+                         "run `python -m benchmarks run` first")
+    return [chosen[w] for w in ORDER if w in chosen]
+
+
+def _ranks(record: dict) -> list[int]:
+    return sorted(int(p) for p in record["megacache"])
+
+
+def _title(record: dict) -> str:
+    return f"{record['workload']} (factor {record['factor']:g})"
+
+
+# ------------------------------------------------------------------------------------------------
+# Plots
+
+
+def _figure(n: int, height: float = 3.6):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, height), squeeze=False)
+    return plt, fig, axes[0]
+
+
+def plot_speedup(records: list[dict], path: str) -> None:
+    plt, fig, axes = _figure(len(records))
+    for ax, r in zip(axes, records):
+        ranks = _ranks(r)
+        s = [r["megacache"][str(p)]["median"]["scaling"] for p in ranks]
+        ax.plot(ranks, [p / ranks[0] for p in ranks], ":", color="grey", label="ideal")
+        ax.plot(ranks, [x["speedup_wall"] for x in s], "o-", label="wall time")
+        ax.plot(ranks, [x["speedup_cpu"] for x in s], "s--", label="busiest rank's CPU")
+        ax.axvline(r["machine"]["cpus_usable"], color="red", lw=0.8, alpha=0.5, label="cores here")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ranks, [str(p) for p in ranks])
+        ax.set_xlabel("ranks P")
+        ax.set_title(_title(r), fontsize=10)
+    axes[0].set_ylabel(f"speed-up vs P={_ranks(records[0])[0]}")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_phases(records: list[dict], path: str) -> None:
+    plt, fig, axes = _figure(len(records), height=5.4)
+    for ax, r in zip(axes, records):
+        sides = [("ref", r["reference"])] + [(f"P={p}", r["megacache"][str(p)]) for p in _ranks(r)]
+        names = [k for k in dict.fromkeys(k for _, side in sides for k in side["median"]["phases"]) if k != OTHER]
+        palette = plt.get_cmap("tab10").colors + plt.get_cmap("Set3").colors
+        colors = {OTHER: "lightgrey", **dict(zip(names, palette))}
+        shown = set()
+        for x, (_label, side) in enumerate(sides):
+            bottom = 0.0
+            for name, seconds in side["median"]["phases"].items():
+                ax.bar(x, seconds, bottom=bottom, color=colors[name], label=None if name in shown else name)
+                shown.add(name)
+                bottom += seconds
+        ax.set_xticks(range(len(sides)), [label for label, _ in sides])
+        ax.set_title(_title(r), fontsize=10)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3, frameon=False)
+    axes[0].set_ylabel("seconds (medians; ref = megatron-core side)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_vs_megatron(records: list[dict], path: str) -> None:
+    plt, fig, axes = _figure(len(records))
+    for ax, r in zip(axes, records):
+        ref = r["reference"]["median"]["wall_s"]
+        labels = ["megatron-core"] + [f"megacache\nP={p}" for p in _ranks(r)]
+        walls = [ref] + [r["megacache"][str(p)]["median"]["wall_s"] for p in _ranks(r)]
+        bars = ax.bar(range(len(walls)), walls, color=["tab:grey"] + ["tab:blue"] * (len(walls) - 1))
+        for b, w in zip(bars[1:], walls[1:]):
+            ax.annotate(f"{ref / w:.1f}x", (b.get_x() + b.get_width() / 2, w), ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(range(len(walls)), labels, fontsize=8)
+        ax.set_title(_title(r), fontsize=10)
+    axes[0].set_ylabel("wall seconds (medians, from outside)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------
+# Table
+
+
+def _describe(r: dict) -> str:
+    p, out = r["params"], r["outputs"]
+    if r["workload"] == "tokenize":
+        what = (f"{p['corpus_bytes'] / 1e6:,.1f} MB of generated text, {p['documents']:,} documents, "
+                f"{_tokens(r):,} tokens, {p['vocab_size']:,}-token BPE, units of {p['unit_bytes']:,} bytes")
+    elif r["workload"] == "blend_kernel":
+        what = f"{p['samples']:,} samples x {p['datasets']:,} datasets, {p['weights']} weights"
+    else:
+        what = (f"{p['datasets']:,} dataset(s), {p['documents']:,} documents, {p['tokens']:,} tokens, "
+                f"L = {p['seq_length']}, split \"{p['split']}\", sizes {p['sizes']}")
+    return (f"**{r['workload']}** ({r['suite']} suite, factor {r['factor']:g}, {r['repeats']} repeat(s), "
+            f"{r['time']}): {what}; outputs {out['files']:,} files, {out['bytes'] / 2**20:,.1f} MiB. "
+            f"Reference: {r['reference_name']}, one process.")
+
+
+def _tokens(r: dict) -> int:
+    return r["outputs"]["bytes_by_suffix"][".bin"] // 2  # uint16 tokens below a 65500 vocabulary
+
+
+def _headline(r: dict) -> str:
+    """The figure of merit the issue set for this workload, from the same record."""
+    ref, sides = r["reference"]["median"], {int(p): s["median"] for p, s in r["megacache"].items()}
+    if r["workload"] == "tokenize":
+        rate = _tokens(r) / ref["phases"]["encode"]
+        parts = [f"P={p}: {_tokens(r) / s['wall_s']:,.0f} tokens/s ({_tokens(r) / s['wall_s'] / rate:.2f}x)"
+                 for p, s in sides.items()]
+        return (f"Throughput: megacache's tokens/s from outside, start-up included, against the reference's "
+                f"encode calls alone ({rate:,.0f} tokens/s; bar 0.90x at P=2): " + "; ".join(parts))
+    if r["workload"] == "blend_kernel":
+        parts = [f"P={p}: {ref['phases']['blend'] / (s['phases']['guess'] + s['phases']['blend'] + s['phases']['repair']):.1f}x"
+                 for p, s in sides.items()]
+        return (f"Kernel seconds in the process, megatron-core {ref['phases']['blend']:.2f} s against megacache's "
+                f"guess + blend + repair (bar 8x at P=1, factor 1): " + "; ".join(parts))
+    bar = {"build_gpt": 3, "build_blend": 10}[r["workload"]]
+    parts = [f"P={p}: {s['vs_reference']['speedup_wall']:.1f}x faster, {s['vs_reference']['rss_ratio']:.2f}x RSS"
+             for p, s in sides.items()]
+    return f"Against megatron-core, wall time from outside (bars at P=2: {bar}x, 0.5x RSS): " + "; ".join(parts)
+
+
+def _mib(value) -> str:
+    return "n/a" if value is None else f"{value / 2**20:,.1f}"
+
+
+def table(records: list[dict], results: str) -> str:
+    first = records[0]
+    m = first["machine"]
+    v = m["versions"]
+    commit = (m["git_commit"] or "unknown")[:10]
+    lines = [
+        f"<!-- written by `python -m benchmarks report` from {shown(results)}: every number below comes "
+        "from that file -->",
+        "",
+        f"Machine: {m['cpu']}, {m['cpus_usable']} usable CPU(s), {m['ram_gib']:.0f} GiB RAM; Python {v['python']}, "
+        f"numpy {v['numpy']}, numba {v['numba']}, megacache {v['megacache']} (commit {commit}), megatron-core "
+        f"{v['megatron_core']}, MPI launcher {v['mpiexec']}. megacache runs under `mpiexec -n P` (more ranks than "
+        "cores oversubscribe them); the reference is one process. Wall seconds are from outside (start-up and "
+        "imports included); work = the program's own timed phases; CPU = user + system summed over ranks; RSS = "
+        "the largest rank's peak; written = bytes that reached the block layer. Medians over repeats. Speed-up and "
+        "efficiency are against the smallest P, from wall time and from the busiest rank's CPU time (what P "
+        "dedicated cores would give); CPU efficiency = total CPU at the smallest P / total CPU at P. Every "
+        "megacache output was byte-identical to the reference's.",
+        "",
+        "| workload | side | P | wall s | work s | CPU s | peak RSS GiB | written MiB | speed-up wall / CPU "
+        "| efficiency wall / CPU | vs megatron-core (wall) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in records:
+        ref = r["reference"]["median"]
+        lines.append(f"| {r['workload']} | megatron-core | 1 | {ref['wall_s']:.2f} | {ref['work_s']:.2f} | "
+                     f"{ref['cpu_s']:.2f} | {ref['rss_max_kb'] / 2**20:.2f} | {_mib(ref['write_bytes'])} | | | 1.00x |")
+        for p in _ranks(r):
+            s = r["megacache"][str(p)]["median"]
+            sc = s["scaling"]
+            lines.append(
+                f"| {r['workload']} | megacache | {p} | {s['wall_s']:.2f} | {s['work_s']:.2f} | {s['cpu_s']:.2f} | "
+                f"{s['rss_max_kb'] / 2**20:.2f} | {_mib(s['write_bytes'])} | {sc['speedup_wall']:.2f}x / "
+                f"{sc['speedup_cpu']:.2f}x | {sc['efficiency_wall']:.2f} / {sc['efficiency_cpu']:.2f} | "
+                f"{s['vs_reference']['speedup_wall']:.2f}x |")
+    lines.append("")
+    for r in records:
+        lines += [f"- {_describe(r)}", f"  {_headline(r)}."]
+    lines += ["", "Phases (median seconds; `other` = start-up, imports not timed by the program, and exit):", ""]
+    for r in records:
+        for label, side in [("megatron-core", r["reference"])] + [(f"megacache P={p}", r["megacache"][str(p)])
+                                                                  for p in _ranks(r)]:
+            phases = ", ".join(f"{k} {v:.2f}" for k, v in side["median"]["phases"].items())
+            lines.append(f"- {r['workload']}, {label}: {phases}")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: str, suite: str | None = None) -> list[str]:
+    """Every file of the report, next to ``results``; returns their paths."""
+    records = _selected(results, suite)
+    out = os.path.dirname(os.path.abspath(results))
+    paths = [os.path.join(out, n) for n in ("speedup.png", "phases.png", "vs_megatron.png", "TABLE.md")]
+    plot_speedup(records, paths[0])
+    plot_phases(records, paths[1])
+    plot_vs_megatron(records, paths[2])
+    with open(paths[3], "w") as f:
+        f.write(table(records, results))
+    return [shown(p) for p in paths]

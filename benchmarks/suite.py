@@ -1,0 +1,117 @@
+"""Measure workloads: per repeat, the reference once, then megacache at each P, alternating so
+drift in the machine's load hits every side; every megacache output equal to that repeat's
+reference output byte for byte; medians, scaling and one JSON line per workload."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+
+from .harness import (
+    BenchmarkFailure,
+    append_record,
+    describe_outputs,
+    machine_info,
+    run_program,
+    same_outputs,
+    summarize,
+)
+from .workloads import WORKLOADS, Suite
+
+
+def scaling(rows: dict[int, dict]) -> dict[int, dict]:
+    """Against the smallest P (P0, normally 1): wall speed-up and efficiency; CPU efficiency
+    (CPU summed over ranks at P0 / at P: 1.0 when no work is added by splitting it); and the
+    CPU speed-up (the busiest rank's CPU at P0 / at P: the speed-up with a core per rank)."""
+    p0 = min(rows)
+    base = rows[p0]
+    out = {}
+    for p, r in rows.items():
+        speedup = base["wall_s"] / r["wall_s"]
+        out[p] = {"speedup_wall": speedup, "efficiency_wall": speedup * p0 / p,
+                  "efficiency_cpu": base["cpu_s"] / r["cpu_s"],
+                  "speedup_cpu": base["cpu_max_rank_s"] / r["cpu_max_rank_s"]}
+    return out
+
+
+def _fresh(path: str) -> str:
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: int) -> dict:
+    work = tempfile.mkdtemp(prefix=f"megacache-bench-{name}-")
+    keep = False
+    try:
+        t = time.perf_counter()
+        case = WORKLOADS[name](work, suite, factor)
+        prepare_s = time.perf_counter() - t
+        print(f"{name}: {case.params} (inputs written in {prepare_s:.1f} s)", flush=True)
+        reference, ours, outputs = [], {p: [] for p in ranks}, None
+        for rep in range(repeats):
+            theirs = _fresh(os.path.join(work, "reference-out"))
+            reference.append(run_program(case.reference(theirs), None, work))
+            outputs = describe_outputs(theirs)
+            _progress(rep, "reference", reference[-1])
+            for p in ranks:
+                mine = _fresh(os.path.join(work, f"megacache-out-{p}"))
+                ours[p].append(run_program(case.megacache(mine), p, work))
+                same_outputs(mine, theirs)
+                shutil.rmtree(mine)
+                _progress(rep, f"megacache P={p}", ours[p][-1])
+    except BenchmarkFailure as exc:
+        keep = True  # the inputs and both outputs, to look at
+        raise BenchmarkFailure(f"{name}: {exc}\n(inputs and outputs kept in {work})") from None
+    finally:
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
+    rows = {p: summarize(runs) for p, runs in ours.items()}
+    ref = summarize(reference)
+    for p, s in scaling(rows).items():
+        rows[p]["scaling"] = s
+        rows[p]["vs_reference"] = {"speedup_wall": ref["wall_s"] / rows[p]["wall_s"],
+                                   "speedup_work": ref["work_s"] / rows[p]["work_s"],
+                                   "rss_ratio": rows[p]["rss_max_kb"] / ref["rss_max_kb"]}
+    return {"workload": name, "params": case.params, "prepare_s": prepare_s, "outputs": outputs,
+            "identical": True, "reference_name": case.reference_name,
+            "reference": {"runs": reference, "median": ref},
+            "megacache": {str(p): {"runs": ours[p], "median": rows[p]} for p in ranks}}
+
+
+def _progress(rep: int, side: str, run: dict) -> None:
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in run["phases"].items())
+    print(f"  [{rep}] {side:<15} {run['wall_s']:7.2f} s  CPU {sum(run['cpu_s']):6.2f} s  "
+          f"RSS {max(run['rss_kb']) / 2**20:5.2f} GiB/rank  ({phases})", flush=True)
+
+
+def run(suite_name: str, suite: Suite, factor: float, ranks: list[int], repeats: int, only: list[str],
+        results: str) -> str:
+    """Every selected workload measured and appended to ``results``; returns the run's id."""
+    run_id = time.strftime("%Y%m%dT%H%M%S")
+    machine = machine_info()
+    for name in only:
+        t = time.perf_counter()
+        record = measure(name, suite, factor, ranks, repeats)
+        append_record(results, {"benchmark": "suite", "run_id": run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                "suite": suite_name, "factor": factor, "ranks": ranks, "repeats": repeats,
+                                "seconds": time.perf_counter() - t, "machine": machine,
+                                "loadavg_after": list(os.getloadavg()), **record})
+        _summary(record)
+    return run_id
+
+
+def _summary(record: dict) -> None:
+    ref = record["reference"]["median"]
+    print(f"{record['workload']}: medians; outputs identical ({record['outputs']['bytes'] / 2**20:.1f} MiB)")
+    print(f"  {'side':<16}{'wall s':>8}{'work s':>8}{'CPU s':>8}{'RSS GiB':>9}{'speed-up':>10}{'eff wall':>10}"
+          f"{'eff CPU':>9}{'vs ref':>8}")
+    print(f"  {'reference':<16}{ref['wall_s']:>8.2f}{ref['work_s']:>8.2f}{ref['cpu_s']:>8.2f}"
+          f"{ref['rss_max_kb'] / 2**20:>9.2f}")
+    for p, side in record["megacache"].items():
+        m, s = side["median"], side["median"]["scaling"]
+        print(f"  {'megacache P=' + p:<16}{m['wall_s']:>8.2f}{m['work_s']:>8.2f}{m['cpu_s']:>8.2f}"
+              f"{m['rss_max_kb'] / 2**20:>9.2f}{s['speedup_wall']:>9.2f}x{s['efficiency_wall']:>10.2f}"
+              f"{s['efficiency_cpu']:>9.2f}{m['vs_reference']['speedup_wall']:>7.2f}x", flush=True)

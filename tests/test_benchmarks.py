@@ -1,0 +1,35 @@
+"""The benchmark suite runs end to end: ``python -m benchmarks run --suite smoke`` (every workload at a
+tiny size, P = 1 and 2 under real mpiexec, megatron-core beside megacache, outputs compared byte for
+byte) writes its JSON lines, plots and table, and the projection is computed from them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_smoke_suite_writes_results_plots_table_and_projection(tmp_path):
+    results = str(tmp_path / "smoke.jsonl")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "smoke", "--results", results],
+                         cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    records = [json.loads(line) for line in open(results)]
+    assert sorted(r["workload"] for r in records) == ["blend_kernel", "build_blend", "build_gpt", "tokenize"]
+    for r in records:
+        assert r["identical"] is True, r["workload"]
+        assert r["ranks"] == [1, 2] and r["machine"]["cpus"] >= 1
+    for name in ("speedup.png", "phases.png", "vs_megatron.png", "TABLE.md"):
+        assert os.path.getsize(tmp_path / name) > 0, name
+    table = open(tmp_path / "TABLE.md").read()
+    assert "| build_blend | megacache | 2 |" in table
+    projection = str(tmp_path / "projection.md")
+    proj = subprocess.run([sys.executable, "-m", "benchmarks", "project", "--results", results, "--output", projection],
+                          cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    assert proj.returncode == 0, proj.stderr
+    text = open(projection).read()
+    assert "P = 4096" in text or "4096" in text
