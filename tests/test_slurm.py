@@ -56,7 +56,7 @@ def megacache(*args: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def read_dir(path: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(path.iterdir())}
+    return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}  # not megacache's state directory
 
 
 def test_prebuild_job_under_sbatch_equals_a_single_rank_build(tmp_path):
