@@ -12,32 +12,22 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import nullcontext
 
 import numpy as np
 
-from megacache.algorithms.blend import (
-    blend_chunk,
-    first_unconfirmed_chunk,
-    guess_counts,
-    repair_chunk,
-)
+from megacache.algorithms.blend import blend_chunk, guess_counts
+from megacache.builders.build import BLEND_ARRAYS, confirm_chunks
+from megacache.builders.gpt import PhaseTimer
 from megacache.builders.scheduling import even_slice
 from megacache.comm import get_comm
 from megacache.formats.npy import NpyWriter, load_npy
 
-OUTPUTS = (("dataset_index.npy", np.int16), ("dataset_sample_index.npy", np.int64))
-
-
 def main(weights_path: str, size: int, out: str) -> None:
     comm = get_comm()
-    t0 = since = time.monotonic()
-    phases: dict[str, float] = {}
-
-    def mark(phase: str) -> None:
-        nonlocal since
-        now = time.monotonic()
-        phases[phase] = now - since
-        since = now
+    t0 = time.monotonic()
+    timer = PhaseTimer()
+    mark, phases = timer.mark, timer.phases
 
     weights = load_npy(weights_path, mmap=False)
     blend_chunk(weights, 0, None, np.empty(1000, np.int16), np.empty(1000, np.int64))
@@ -51,22 +41,16 @@ def main(weights_path: str, size: int, out: str) -> None:
     mark("blend")
 
     comm.wait_quietly()
-    starts, ends = map(list, zip(*comm.allgather((guess, end))))
-    while (i := first_unconfirmed_chunk(starts, ends)) is not None:
-        def repair() -> np.ndarray:
-            return repair_chunk(weights, s0, ends[i - 1], starts[i], ends[i], dataset_index,
-                                dataset_sample_index).end_counts
-
-        ends[i] = comm.on_root(repair, f"repairing chunk {i}", root=i)
-        starts[i] = ends[i - 1]
+    confirm_chunks(comm, weights, s0, (guess, end), lambda: nullcontext((dataset_index, dataset_sample_index)),
+                   "the blend")
     mark("repair")
 
     def create() -> None:
-        for name, dtype in OUTPUTS:
+        for name, dtype in BLEND_ARRAYS.items():
             NpyWriter.create(os.path.join(out, name), dtype, (size,))
 
     comm.on_root(create, "creating the outputs")
-    for (name, dtype), rows in zip(OUTPUTS, (dataset_index, dataset_sample_index)):
+    for (name, dtype), rows in zip(BLEND_ARRAYS.items(), (dataset_index, dataset_sample_index)):
         with NpyWriter(os.path.join(out, name), dtype, (size,)) as w:
             w.write_rows(s0, rows)
     comm.wait_quietly()

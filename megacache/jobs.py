@@ -48,6 +48,10 @@ def _env_seconds(name: str, default: float) -> float:
     return seconds
 
 
+#: ``temporaries`` for a lock that covers its whole directory (a cache directory)
+ALL = ("",)
+
+
 def heartbeat_s() -> float:
     return _env_seconds("MEGACACHE_HEARTBEAT_S", 5.0)
 
@@ -109,8 +113,13 @@ def _who(record: dict) -> str:
     return f"pid {record.get('pid', '?')} on {record.get('host', '?')}"
 
 
-def is_dead(record: dict, age: float) -> bool:
-    return process_gone(record) or age > stale_s()
+def death(record: dict, age: float) -> str | None:
+    """Why the process ``record`` names counts as dead, or None while it lives."""
+    if process_gone(record):
+        return "its process is gone"
+    if age > stale_s():
+        return f"no heartbeat for {age:.0f} s"
+    return None
 
 
 def state_dir(directory: str) -> str:
@@ -140,7 +149,7 @@ class Lock:
 
     def __init__(self, directory: str, key: str, job: str, describe: str):
         self.path = os.path.join(state_dir(directory), f"{key}.lock")
-        self.directory, self.key, self.job = directory, key, job
+        self.directory, self.job = directory, job
         self.record = {**this_process(), "job": job, "token": uuid.uuid4().hex, "what": describe,
                        "since": time.strftime("%Y-%m-%d %H:%M:%S")}
         self.lost = False
@@ -163,7 +172,7 @@ class Lock:
                 holder, age = _read_record(self.path)
                 if holder is None:
                     continue  # released just now
-                if is_dead(holder, age):
+                if death(holder, age):
                     say(f"megacache: breaking the stale lock {self.path} (held by {_who(holder)}, job "
                         f"{holder.get('job', '?')}, last heartbeat {age:.0f} s ago)")
                     self._break(holder)
@@ -267,8 +276,8 @@ class Monitor:
                 self._stop(f"rank {peer} never started (no record in {self.dir} after {stale_s():.0f} s)")
             return
         self._peer_seen = True
-        if is_dead(record, age):
-            how = "its process is gone" if process_gone(record) else f"no heartbeat for {age:.0f} s"
+        how = death(record, age)
+        if how:
             self._stop(f"rank {peer} ({_who(record)}) died during phase '{record.get('phase', '?')}' ({how})")
 
     def dead_ranks(self) -> list[tuple[int, str, str]]:
@@ -277,8 +286,8 @@ class Monitor:
         dead = []
         for rank in range(self.size):
             record, age = _read_record(os.path.join(self.dir, f"rank-{rank}"))
-            if record and rank != self.rank and is_dead(record, age):
-                how = "its process is gone" if process_gone(record) else f"no heartbeat for {age:.0f} s"
+            how = death(record, age) if record and rank != self.rank else None
+            if how:
                 dead.append((rank, record.get("phase", "?"), f"{_who(record)}: {how}"))
         return dead
 
@@ -301,8 +310,8 @@ class Leftovers:
 
 def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, ...]) -> Leftovers:
     """Report and remove the rank records of jobs that did not finish, and every temporary (file, or
-    directory being deleted) in ``directory`` whose name starts with one of ``temporaries`` (the lock's outputs; ``("",)`` for
-    all): with the lock held, none of them belongs to a live job."""
+    directory being deleted) in ``directory`` whose name starts with one of ``temporaries`` (the
+    lock's outputs; ``ALL`` for every one): with the lock held, none belongs to a live job."""
     reports = []
     state = state_dir(directory)
     prefix = f"{key}.job-"

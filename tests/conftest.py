@@ -19,3 +19,14 @@ def megatron():
 
     assert megatron.core.__version__ == "0.16.1", megatron.core.__version__
     return indexed_dataset
+
+
+#: lines a test wants in the run's output whether it passes or not (the fault-injection trial counts)
+REPORTS: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if REPORTS:
+        terminalreporter.section("reports")
+        for line in REPORTS:
+            terminalreporter.write_line(line)

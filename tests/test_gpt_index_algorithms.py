@@ -605,3 +605,21 @@ def test_random_configurations_match_megatron(mcore, tmp_path, count, seed):
     assert seen["separated"] >= count // 20 and seen["multi_epoch"] >= count // 5
     assert seen["x0"] >= count // 5 and seen["kept_partial"] >= count // 20
     assert seen["rejected"] <= count // 10
+
+
+def test_length_stats_kernel_equals_its_reference_and_adds_over_slices():
+    from megacache.algorithms.gpt_index import length_stats, length_stats_reference
+
+    rng = np.random.default_rng(9)
+    lengths = rng.integers(0, 2**31 - 1, 100_003).astype(np.int32)
+    for first in (0, 17, 2**40):
+        whole = length_stats(lengths, first)
+        assert whole == length_stats_reference(lengths, first)
+        cut = 31_337
+        a, b = length_stats(lengths[:cut], first), length_stats(lengths[cut:], first + cut)
+        assert (a[0] + b[0], max(a[1], b[1]), (a[2] + b[2]) % 2**64) == whole
+    swapped = lengths.copy()
+    swapped[[5, 6]] = lengths[[6, 5]]
+    assert length_stats(swapped, 0)[:2] == length_stats(lengths, 0)[:2]
+    assert length_stats(swapped, 0)[2] != length_stats(lengths, 0)[2]
+    assert length_stats(lengths[:0], 5) == length_stats_reference(lengths[:0], 5) == (0, 0, 0)

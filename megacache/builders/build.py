@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -38,13 +39,16 @@ from ..formats.cache import (SPLIT_NAMES, CacheEntry, blend_identifiers, existin
                              read_manifest, update_manifest)
 from ..formats.npy import NpyWriter, read_npy_header
 from ..fsio import remove_quietly, sync_filesystems, tmp_path
-from ..jobs import guarded, tidy
+from ..jobs import ALL, guarded, tidy
 from .gpt import (GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, array_records, open_datasets,
                   plan_jobs)
 from .scheduling import even_slice, largest_first
 
 MEGATRON_DEFAULT_SPLIT = "969, 30, 1"
-BLEND_ARRAYS = ("dataset_index.npy", "dataset_sample_index.npy")
+#: a blend's arrays and their dtypes (each one sample long)
+BLEND_ARRAYS = {"dataset_index.npy": np.dtype(np.int16), "dataset_sample_index.npy": np.dtype(np.int64)}
+#: the lock key of a cache directory
+CACHE_LOCK = "cache"
 
 
 @dataclass
@@ -101,8 +105,7 @@ class BlendJob:
     def marker(self) -> dict:
         """What the blend depends on beyond its hashed description: its children's lengths."""
         return {"lengths": self.lengths.tolist(),
-                "arrays": array_records({w: (np.dtype(d), (self.size,)) for w, d in
-                                         zip(BLEND_ARRAYS, (np.int16, np.int64))})}
+                "arrays": array_records({w: (d, (self.size,)) for w, d in BLEND_ARRAYS.items()})}
 
     @property
     def summary(self) -> str:
@@ -259,6 +262,26 @@ def _check_dtypes(datasets: dict) -> None:
 # Blending
 
 
+def confirm_chunks(comm: Comm, weights: np.ndarray, start: int, mine: tuple, rows, what: str) -> tuple[np.ndarray, int]:
+    """The chunk protocol's second half, collective: every rank's ``(guessed start counts, end
+    counts)`` gathered, the chunks confirmed in order; the first whose guessed start differs from
+    its predecessor's true end is recomputed by its rank from there (usually a short stretch).
+    ``rows()`` gives this rank's chunk arrays (a context manager). Returns the blend's final counts
+    and the samples recomputed."""
+    starts, ends = map(list, zip(*comm.allgather(mine)))
+    recomputed = 0
+    while (i := first_unconfirmed_chunk(starts, ends)) is not None:
+
+        def repair() -> tuple[np.ndarray, int]:
+            with rows() as (idx, sidx):
+                return repair_chunk(weights, start, ends[i - 1], starts[i], ends[i], idx, sidx)
+
+        ends[i], fixed = comm.on_root(repair, f"repairing chunk {i} of {what}", root=i)
+        starts[i] = ends[i - 1]
+        recomputed += fixed
+    return ends[-1], recomputed
+
+
 class Blending:
     """The blends to compute: each either chunked over all ranks or whole on one owner."""
 
@@ -279,8 +302,8 @@ class Blending:
         def preallocate() -> None:
             os.makedirs(self.cfg.cache_dir, exist_ok=True)
             for b in self.todo:
-                NpyWriter.create(self.tmp[b.index, "dataset_index.npy"], np.int16, (b.size,))
-                NpyWriter.create(self.tmp[b.index, "dataset_sample_index.npy"], np.int64, (b.size,))
+                for what, dtype in BLEND_ARRAYS.items():
+                    NpyWriter.create(self.tmp[b.index, what], dtype, (b.size,))
 
         if self.todo:
             self.comm.on_root(preallocate, "preallocating the blend files")
@@ -350,25 +373,17 @@ class Blending:
         return guess, end
 
     def _repair(self, b: BlendJob, mine: tuple) -> np.ndarray:
-        """Confirm the chunks in order; the first whose guessed start differs from its
-        predecessor's true end recomputes from there (usually only a short stretch)."""
-        comm = self.comm
-        starts, ends = map(list, zip(*comm.allgather(mine)))
-        while (i := first_unconfirmed_chunk(starts, ends)) is not None:
+        @contextmanager
+        def rows():
+            s0, s1 = self._chunk(b)
+            idx, sidx = self._outputs(b)
+            yield idx[s0:s1], sidx[s0:s1]
+            idx.flush()
+            sidx.flush()
 
-            def repair() -> np.ndarray:
-                s0, s1 = self._chunk(b)
-                idx, sidx = self._outputs(b)
-                fixed = repair_chunk(b.weights, s0, ends[i - 1], starts[i], ends[i], idx[s0:s1], sidx[s0:s1])
-                idx.flush()
-                sidx.flush()
-                return fixed
-
-            ends[i], recomputed = comm.on_root(repair, f"repairing chunk {i} of the {b.name} blend", root=i)
-            starts[i] = ends[i - 1]
-            b.recomputed += recomputed
-        b.chunks = comm.size
-        return ends[-1]
+        end, b.recomputed = confirm_chunks(self.comm, b.weights, self._chunk(b)[0], mine, rows, f"the {b.name} blend")
+        b.chunks = self.comm.size
+        return end
 
     def check_oversampling(self) -> None:
         """Megatron's IndexError, as an error naming the dataset, before anything else is built."""
@@ -504,12 +519,12 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     planned = plan(cfg, comm)
     timer.mark("plan")
     if not planned.todo:
-        comm.on_root(lambda: tidy({i.entry.directory for i in planned.items}, "cache", ("",)), "tidying up")
+        comm.on_root(lambda: tidy({i.entry.directory for i in planned.items}, CACHE_LOCK, ALL), "tidying up")
         return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, timer.phases)
 
     directories = [item.entry.directory for item in planned.todo]
     entries = len(planned.todo)
-    with guarded(comm, directories, "cache", ("",), f"megacache build of {entries} entries") as guard:
+    with guarded(comm, directories, CACHE_LOCK, ALL, f"megacache build of {entries} entries") as guard:
         _decide_reuse(planned, cfg, comm)  # what a job we waited for built is reused now
         timer.mark("lock")
         _build_locked(planned, cfg, comm, guard, timer)

@@ -165,7 +165,7 @@ def open_datasets(prefixes, comm: Comm) -> dict[str, IndexedDataset]:
 
 
 def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[int]],
-                    comm: Comm) -> dict[tuple[str, int], tuple[int, int]]:
+                    comm: Comm) -> dict[tuple[str, int], tuple[int, int, int]]:
     """``(tokens, longest sequence, length checksum)`` of every interval ``[cuts[p][i], cuts[p][i+1])``, keyed by
     ``(p, cuts[p][i])``. The intervals of all datasets, end to end, are cut evenly over ranks."""
     keys, lows, highs = [], [], []

@@ -122,8 +122,9 @@ def _prepare_work_dir(work_dir: str, fingerprint: str) -> list[int]:
             same = False
         if same:
             return sorted(int(n[5:12]) for n in os.listdir(work_dir) if n.endswith(".done"))
-        os.rename(work_dir, tmp_path(work_dir, "stale"))
-        shutil.rmtree(tmp_path(work_dir, "stale"))
+        stale = tmp_path(work_dir, "stale")  # renamed first: a kill mid-delete leaves no half directory
+        os.rename(work_dir, stale)
+        shutil.rmtree(stale)
     os.makedirs(work_dir)
     write_json_atomic(manifest, {"fingerprint": fingerprint})
     return []
@@ -158,11 +159,15 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
                  tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.doclen"), tag)) for k in cfg.json_keys}
     counts = {k: [0, 0, 0] for k in cfg.json_keys}
     done_bytes = 0
-    files = {}
+    opened = []
+
+    def create(path: str):
+        with writing(path):
+            opened.append(open(path, "wb"))
+        return opened[-1]
+
     try:
-        for k, (b, d) in parts.items():
-            with writing(b):
-                files[k] = (open(b, "wb"), open(d, "wb"))
+        files = {k: (create(b), create(d)) for k, (b, d) in parts.items()}
         for batch in read_unit(unit, cfg.json_keys, cfg.skip_bad, bad):
             batch_tokens = 0
             for key in cfg.json_keys:
@@ -189,9 +194,8 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
             remove_quietly(d)
         raise
     finally:
-        for fb, fd in files.values():
-            fb.close()
-            fd.close()
+        for f in opened:
+            f.close()
     for key, (b, d) in parts.items():
         publish(b, _unit_name(cfg.work_dir, unit.index, f"{key}.bin"))
         publish(d, _unit_name(cfg.work_dir, unit.index, f"{key}.doclen"))
