@@ -310,8 +310,9 @@ class Leftovers:
 
 def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, ...]) -> Leftovers:
     """Report and remove the rank records of jobs that did not finish, and every temporary (file, or
-    directory being deleted) in ``directory`` whose name starts with one of ``temporaries`` (the
-    lock's outputs; ``ALL`` for every one): with the lock held, none belongs to a live job."""
+    directory being deleted) in ``directory`` or its state directory whose name starts with one of
+    ``temporaries`` (the lock's outputs; ``ALL`` for every one): with the lock held, none belongs to
+    a live job."""
     reports = []
     state = state_dir(directory)
     prefix = f"{key}.job-"
@@ -334,10 +335,12 @@ def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, 
             reports.append(f"an earlier job ({name[len(prefix):]}) did not finish: " + "; ".join(ranks))
         shutil.rmtree(path, ignore_errors=True)
     removed = 0
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        entries = []
+    entries = []
+    for d in (directory, state):  # the state directory too: a manifest being rewritten
+        try:
+            entries += list(os.scandir(d))
+        except FileNotFoundError:
+            pass
     for entry in entries:
         if entry.name.startswith(temporaries) and TMP_MARK in entry.name:
             if entry.is_dir(follow_symlinks=False):
