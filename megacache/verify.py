@@ -72,7 +72,7 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
             problems.append(f"{binf}: {ds.bin_size} bytes, but the index covers {expected}: the file is {what}")
 
     if check_tokens and vocab_size is not None and not problems:
-        tokens = ds._bin
+        tokens = ds.tokens
         for a in range(0, len(tokens), CHUNK):
             chunk = np.asarray(tokens[a : a + CHUNK])
             bad = first_bad((chunk < 0) | (chunk >= vocab_size))

@@ -125,6 +125,15 @@ def test_random_configurations_single_rank(megatron):
     assert outcomes.get("ok", 0) + outcomes.get("separated", 0) >= 150 and outcomes.get("separated", 0) >= 10
 
 
+def test_memory_mapped_path_single_rank(megatron, monkeypatch):
+    # Arrays too large for memory go through the shared, memory-mapped path even on one rank.
+    import megacache.builders.gpt as gpt
+
+    monkeypatch.setattr(gpt, "IN_MEMORY_BYTES", 0)
+    outcomes = sweep(SingleComm(), 40, seed=2)
+    assert outcomes.get("ok", 0) + outcomes.get("separated", 0) >= 25
+
+
 @pytest.mark.mpi(min_size=2)
 def test_random_configurations_under_mpi():
     comm = get_comm("mpi")

@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from megacache.formats.cache import CacheEntry, existing, gpt_identifiers
+from megacache.formats.cache import (CacheEntry, blend_entry, blend_identifiers, describe, existing,
+                                     gpt_identifiers)
 from megacache.formats.npy import NpyWriter, load_npy, write_npy
 
 
@@ -48,3 +49,15 @@ def test_write_npy_equals_numpy_save(tmp_path):
     np.save(tmp_path / "ref.npy", arr, allow_pickle=True)
     write_npy(str(tmp_path / "ours.npy"), arr)
     assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "ref.npy").read_bytes()
+
+
+@pytest.mark.parametrize("weights, size", [([0.25, 0.5, 0.25], 1000), ([3, 1, 7], None), ([1e-300, 0.1, 2.5e10], 0)])
+def test_blend_description_spliced_from_children_equals_json_dumps(tmp_path, weights, size):
+    tokenizer = {"class": "T", "tokenizer_path": "a \"quoted\" path\nwith a newline", "nested": {"k": [1, {}]},
+                 "empty": [], "vocab_size": "32000"}
+    children = [CacheEntry(str(tmp_path), gpt_identifiers(f"data/p{i}", n, "valid", 7, 16, None, None, tokenizer))
+                for i, n in enumerate([5, None, 0])]
+    entry = blend_entry(str(tmp_path), children, "valid", weights, size)
+    ids = blend_identifiers([c.identifiers for c in children], "valid", weights, size)
+    assert entry.description == describe(ids)
+    assert entry.hash == CacheEntry(str(tmp_path), ids).hash

@@ -35,7 +35,7 @@ from ..algorithms.splits import split_matrix
 from ..blendspec import Blend
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
-from ..formats.cache import (SPLIT_NAMES, CacheEntry, blend_identifiers, existing, publish_entries,
+from ..formats.cache import (SPLIT_NAMES, CacheEntry, blend_entry, existing, publish_entries,
                              read_manifest, update_manifest)
 from ..formats.npy import NpyWriter, read_npy_header
 from ..fsio import remove_quietly, sync_filesystems, tmp_path
@@ -242,8 +242,8 @@ def _blend_jobs(cfg: BuildConfig, blends: list[tuple], jobs: list[GPTJob]) -> li
             else:
                 weights = normalize(lengths)
                 described = weights.tolist()
-        ids = blend_identifiers([c.entry.identifiers for c in children], name, described, size)
-        out.append(BlendJob(len(out), name, CacheEntry(cfg.cache_dir, ids), children,
+        entry = blend_entry(cfg.cache_dir, [c.entry for c in children], name, described, size)
+        out.append(BlendJob(len(out), name, entry, children,
                             int(lengths.sum()) if size is None else size, weights, lengths))
     return out
 

@@ -13,11 +13,13 @@ jobs, built by the same four steps as a single prefix:
    ranks by cost, largest first), which also preallocates the job's files. The RNG state it leaves
    is the shuffle index's starting state and the shuffle index's length is in the plan, so the
    owner hands the shuffle index to a background thread (the numba kernel releases the GIL) at once.
-3. Sample index: the document indices of all jobs are laid end to end and cut evenly over the
-   ranks, so a large dataset is shared by many ranks and small ones go whole to one. Each rank
-   computes token prefix sums over its pieces; the only piece that needs tokens from other ranks
-   is its first (a job that started on an earlier rank), which one small allgather supplies.
-   Each rank writes the rows its pieces own in place.
+3. Sample index: a small job's owner computes it at once from the document index in memory and
+   writes each array in one go (a blend of many small datasets is bound by per-file costs). The
+   document indices of the large jobs are laid end to end and cut evenly over the ranks, so a
+   large dataset is shared by many ranks. Each rank computes token prefix sums over its pieces;
+   the only piece that needs tokens from other ranks is its first (a job that started on an
+   earlier rank), which one small allgather supplies. Each rank writes the rows its pieces own
+   in place.
 4. Owners join their shuffle threads, fsync, and publish their jobs (arrays first, the description
    last: Megatron's cache hit needs every file, so a reader never sees part of an entry).
 """
@@ -31,8 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..algorithms.gpt_index import (GPTIndexPlan, build_document_index, build_shuffle_index,
-                                    document_token_ends, length_stats, sample_index_rows,
+from ..algorithms.gpt_index import (GPTIndexPlan, build_document_index, build_sample_index,
+                                    build_shuffle_index, document_token_ends, length_stats, sample_index_rows,
                                     sample_rows_in_slice)
 from ..algorithms.permutation import MT19937
 from ..algorithms.splits import split_ranges
@@ -47,6 +49,9 @@ from .scheduling import even_slice, largest_first
 UINT32_MAX = 2**32 - 1
 #: arrays one rank computes whole are built in memory up to this size, else in a memory map
 IN_MEMORY_BYTES = 16 << 20
+#: a job's sample index is shared by all ranks when its document index is more than this share
+#: of one rank's part of all document indices (and always when it is too large for memory)
+SHARED_FRACTION = 0.25
 
 
 @dataclass(frozen=True)
@@ -257,6 +262,11 @@ class GPTBuild:
         self.datasets, self.settings, self.comm = datasets, settings, comm
         self.owners = largest_first([j.cost for j in self.todo], comm.size)
         self.mine = [j for j, o in zip(self.todo, self.owners) if o == comm.rank]
+        total = sum(j.plan.document_index_length for j in self.todo)
+        self.shared = [j for j in self.todo if j.plan.document_index_length * 4 > IN_MEMORY_BYTES
+                       or (comm.size > 1 and j.plan.document_index_length > SHARED_FRACTION * total / comm.size)]
+        self.shared_ids = {j.index for j in self.shared}
+        self.published = False
         self.tmp = {(j.index, what): tmp_path(j.entry.path(what), tag) for j in self.todo
                     for what in (*GPT_ARRAYS, "description.txt")}
 
@@ -295,14 +305,20 @@ class GPTBuild:
         self.comm.check(error, "building the shuffle indices")
 
     def _document_index(self, job: GPTJob, pool: ThreadPoolExecutor) -> Future:
-        """Shuffle the job's document index here, preallocate its sample index for every rank to
-        fill, and hand its shuffle index to the pool."""
+        """Shuffle the job's document index here; a small job's sample index follows at once, a
+        shared job's is preallocated for every rank to fill. The shuffle index goes to the pool."""
         p = job.plan
-        NpyWriter.create(self.tmp[job.index, "sample_index.npy"], p.sample_index_dtype, p.sample_index_shape)
         state = MT19937.from_seed(self.settings.seed)
-        with self._array(job, "document_index.npy") as out:
-            build_document_index(np.arange(*job.split_range, dtype=np.int32), p.num_epochs,
-                                 p.separate_final_epoch, state, out=out)
+        indices = np.arange(*job.split_range, dtype=np.int32)
+        if job.index in self.shared_ids:
+            NpyWriter.create(self.tmp[job.index, "sample_index.npy"], p.sample_index_dtype, p.sample_index_shape)
+            with self._array(job, "document_index.npy") as out:
+                build_document_index(indices, p.num_epochs, p.separate_final_epoch, state, out=out)
+        else:
+            document_index = build_document_index(indices, p.num_epochs, p.separate_final_epoch, state)
+            write_npy(self.tmp[job.index, "document_index.npy"], document_index)
+            sizes = self.datasets[job.data_path].sequence_lengths
+            write_npy(self.tmp[job.index, "sample_index.npy"], build_sample_index(sizes, document_index, p))
         return pool.submit(self._shuffle_index, job, state)
 
     def _shuffle_index(self, job: GPTJob, state: MT19937) -> None:
@@ -328,14 +344,14 @@ class GPTBuild:
             out.flush()
 
     def _pieces(self) -> list[tuple[GPTJob, int, int]]:
-        """This rank's ``(job, p0, p1)`` pieces of the jobs' document indices laid end to end."""
-        lengths = np.array([j.plan.document_index_length for j in self.todo], dtype=np.int64)
+        """This rank's ``(job, p0, p1)`` pieces of the shared jobs' document indices laid end to end."""
+        lengths = np.array([j.plan.document_index_length for j in self.shared], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)])
         total = int(starts[-1])
         g0, g1 = even_slice(total, self.comm.rank, self.comm.size)
         bounds = np.arange(self.comm.size, dtype=np.int64) * total // self.comm.size  # every rank's even_slice start
         pieces = []
-        for job, s, n in zip(self.todo, starts.tolist(), lengths.tolist()):
+        for job, s, n in zip(self.shared, starts.tolist(), lengths.tolist()):
             if n == 0:
                 # An empty document index still has its one sample-index row: exactly one rank writes it.
                 if int(np.searchsorted(bounds, s, side="right")) - 1 == self.comm.rank:
@@ -387,12 +403,15 @@ class GPTBuild:
     def publish(self) -> None:
         """This rank's jobs into place."""
         publish_entries((j.entry, self._tmp_of(j)) for j in self.mine)
+        self.published = True
 
     def _tmp_of(self, job: GPTJob) -> dict[str, str]:
         return {what: self.tmp[job.index, what] for what in (*GPT_ARRAYS, "description.txt")}
 
     def discard(self) -> None:
-        """Remove this rank's temporary files (after a failure, or what publishing left)."""
+        """Remove this rank's temporary files after a failure."""
+        if self.published:
+            return
         for job in self.mine:
             for path in self._tmp_of(job).values():
                 remove_quietly(path)

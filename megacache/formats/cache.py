@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -48,6 +48,19 @@ def describe(identifiers: dict) -> str:
     return json.dumps(identifiers, indent=4)
 
 
+def blend_entry(directory: str, children: list["CacheEntry"], split_name: str, weights: list,
+                size: int | None) -> "CacheEntry":
+    """A BlendedDataset's entry, its description made from its children's without encoding them
+    again (a blend of 1000 datasets is ~1 MB of JSON, on every rank). Exact: ``json.dumps(indent=4)``
+    writes a value nested at depth d as its own text with each line after the first indented by
+    4·d more spaces, and no JSON string holds a raw newline."""
+    ids = blend_identifiers([c.identifiers for c in children], split_name, weights, size)
+    placeholder = '"\\u0000"'  # how json.dumps writes the one-character string chr(0)
+    shell = describe(blend_identifiers([chr(0)], split_name, weights, size))
+    nested = ",\n        ".join(c.description.replace("\n", "\n        ") for c in children)
+    return CacheEntry(directory, ids, shell.replace(placeholder, nested, 1))
+
+
 def description_hash(description: str) -> str:
     return hashlib.md5(description.encode("utf-8")).hexdigest()
 
@@ -58,10 +71,12 @@ class CacheEntry:
 
     directory: str
     identifiers: dict[str, Any]
+    #: the description when the caller has it already (``blend_entry``)
+    text: str | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def description(self) -> str:
-        return describe(self.identifiers)
+        return self.text if self.text is not None else describe(self.identifiers)
 
     @cached_property
     def hash(self) -> str:

@@ -11,9 +11,11 @@ each rank writes its own slice in place into a preallocated file.
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -92,12 +94,20 @@ class IndexLayout:
 
 def read_layout(path: str) -> IndexLayout:
     """Read and check an ``.idx`` header; errors name the file and the field."""
+    with _open_index(path) as f:
+        return _layout_of(f, path)
+
+
+def _open_index(path: str):
     try:
-        with open(path, "rb") as f:
-            head = f.read(HEADER_SIZE)
-            size = os.fstat(f.fileno()).st_size
+        return open(path, "rb")
     except FileNotFoundError:
         raise FormatError(f"{path}: index file not found") from None
+
+
+def _layout_of(f, path: str) -> IndexLayout:
+    head = f.read(HEADER_SIZE)
+    size = os.fstat(f.fileno()).st_size
     if len(head) < HEADER_SIZE:
         raise FormatError(f"{path}: truncated header ({len(head)} of {HEADER_SIZE} bytes)")
     if head[:9] != MAGIC:
@@ -130,16 +140,18 @@ class IndexedDataset:
 
     def __init__(self, prefix: str, check_bin_size: bool = True):
         self.prefix = prefix
-        self.layout = read_layout(idx_path(prefix))
-        lay = self.layout
-        idx = np.memmap(idx_path(prefix), mode="r", dtype=np.uint8)
+        # One open, mmap + frombuffer (not np.memmap): a blend opens thousands of datasets on every rank.
+        with _open_index(idx_path(prefix)) as f:
+            self.layout = lay = _layout_of(f, idx_path(prefix))
+            idx = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
         self.sequence_lengths = idx[lay.lengths_offset : lay.pointers_offset].view(np.int32)
         self.sequence_pointers = idx[lay.pointers_offset : lay.documents_offset].view(np.int64)
         self.document_indices = idx[lay.documents_offset : lay.idx_size].view(np.int64)
         binp = bin_path(prefix)
-        if not os.path.exists(binp):
-            raise FormatError(f"{binp}: token file not found (its index {idx_path(prefix)} exists)")
-        self.bin_size = os.path.getsize(binp)
+        try:
+            self.bin_size = os.stat(binp).st_size
+        except FileNotFoundError:
+            raise FormatError(f"{binp}: token file not found (its index {idx_path(prefix)} exists)") from None
         if check_bin_size and lay.sequence_count:
             end = int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * lay.dtype.itemsize
             if self.bin_size < end:
@@ -147,10 +159,13 @@ class IndexedDataset:
                     f"{binp}: truncated: {self.bin_size} bytes, but its index {idx_path(prefix)} puts the last "
                     f"sequence's tokens up to byte {end}; re-create the dataset (megacache verify {prefix} "
                     f"locates the damage)")
+
+    @cached_property
+    def tokens(self) -> np.ndarray:
+        """The ``.bin`` file's tokens, mapped on first use (index builds never read them)."""
         # numpy cannot map an empty file; a dataset of only empty documents has one.
-        self._bin = (
-            np.memmap(binp, mode="r", dtype=lay.dtype) if self.bin_size else np.zeros(0, lay.dtype)
-        )
+        binp = bin_path(self.prefix)
+        return np.memmap(binp, mode="r", dtype=self.layout.dtype) if self.bin_size else np.zeros(0, self.layout.dtype)
 
     @property
     def dtype(self) -> np.dtype:
@@ -168,7 +183,7 @@ class IndexedDataset:
         start = int(self.sequence_pointers[i]) // self.dtype.itemsize + offset
         if length is None:
             length = int(self.sequence_lengths[i]) - offset
-        return self._bin[start : start + length]
+        return self.tokens[start : start + length]
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.get(i)
@@ -177,10 +192,10 @@ class IndexedDataset:
         """All tokens of document ``d`` (its sequences are contiguous in ``.bin``)."""
         s0, s1 = int(self.document_indices[d]), int(self.document_indices[d + 1])
         if s0 == s1:
-            return self._bin[:0]
+            return self.tokens[:0]
         start = int(self.sequence_pointers[s0]) // self.dtype.itemsize
         stop = int(self.sequence_pointers[s1 - 1]) // self.dtype.itemsize + int(self.sequence_lengths[s1 - 1])
-        return self._bin[start:stop]
+        return self.tokens[start:stop]
 
 
 class IndexWriter:
