@@ -4,7 +4,7 @@ Run from the repository root::
 
     python -m benchmarks run --suite quick|full|smoke [--ranks 1,2,4,8] [--factor F] [--repeats N]
                              [--only WORKLOAD ...] [--results FILE]
-    python -m benchmarks report [--results FILE] [--suite NAME]     # plots + TABLE.md from the file alone
+    python -m benchmarks report [--results FILE] [--suite NAME] [--readme README.md]  # plots + TABLE.md (+ README table) from the file alone
     python -m benchmarks project [--results FILE] [--output FILE]   # docs/benchmarks-projection.md
 
 Workloads (``workloads.py``; sizes scale by the factor, 1 = the issue's sizes): ``tokenize`` (generated

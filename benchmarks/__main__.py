@@ -40,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("report", help="plots and TABLE.md next to the results file, from the file alone")
     p.add_argument("--results", default=DEFAULT_RESULTS)
     p.add_argument("--suite", help="only this suite's records (default: each workload's latest)")
+    p.add_argument("--readme", metavar="PATH", help="also rewrite the summary table between the benchmark markers "
+                                                    "of this README")
     p = sub.add_parser("project", help="write the 5e12-token projection from the measured phase costs")
     p.add_argument("--results", default=DEFAULT_RESULTS)
     p.add_argument("--suite", help="only this suite's records (default: each workload's largest factor)")
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "report":
             from . import report
 
-            print("wrote " + ", ".join(report.write_report(args.results, suite=args.suite)))
+            print("wrote " + ", ".join(report.write_report(args.results, suite=args.suite, readme=args.readme)))
         else:
             from . import project
 

@@ -218,7 +218,9 @@ def document(records: dict[str, dict], results: str) -> str:
         f"| {ns(m['plan_dataset'])}/dataset, {ns(m['plan_document'])}/document |",
         f"| document_index | per job on its owner: max(entries / P, largest job) | "
         f"{ns(m['doc_dataset'])}/dataset, {ns(m['doc_entry'])}/entry |",
-        f"| sample_index | all jobs cut evenly: O(samples / P) | {ns(m['sample_dataset'])}/dataset, "
+        f"| sample_index | large jobs cut evenly: O(samples / P); a small job's is part of its document_index "
+        f"phase on its owner (in the blend build all are small, so this constant is the one dataset's) "
+        f"| {ns(m['sample_dataset'])}/dataset, "
         f"{ns(m['sample_row'])}/sample |",
         f"| shuffle_index_wait | per job on its owner's thread, beside the sample index | at most "
         f"{ns(m['shuffle_entry_max'])}/entry |",

@@ -197,7 +197,54 @@ def table(records: list[dict], results: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(results: str, suite: str | None = None) -> list[str]:
+README_START = "<!-- benchmarks table: start -->"
+README_END = "<!-- benchmarks table: end -->"
+
+
+def readme_table(records: list[dict], results: str) -> str:
+    """The README's summary: per workload, each side's median wall time and megacache's ratio to
+    megatron-core, then the workload's figure of merit against its bar; from the results alone."""
+    ranks = sorted({p for r in records for p in _ranks(r)})
+    lines = [
+        README_START,
+        f"<!-- written by `python -m benchmarks report --readme README.md` from {shown(results)}; "
+        "edits here are overwritten -->",
+        "",
+        "| workload | megatron-core | " + " | ".join(f"megacache P = {p}" for p in ranks) + " |",
+        "|---|---:|" + "---:|" * len(ranks),
+    ]
+    for r in records:
+        ref = r["reference"]["median"]
+        cells = []
+        for p in ranks:
+            side = r["megacache"].get(str(p))
+            if side is None:
+                cells.append("")
+                continue
+            s = side["median"]
+            cells.append(f"{s['wall_s']:.1f} s ({s['vs_reference']['speedup_wall']:.1f}x), "
+                         f"{s['rss_max_kb'] / 2**20:.2f} GiB")
+        lines.append(f"| `{r['workload']}` ({r['suite']}, factor {r['factor']:g}, {r['repeats']} repeat(s)) | "
+                     f"{ref['wall_s']:.1f} s, {ref['rss_max_kb'] / 2**20:.2f} GiB | " + " | ".join(cells) + " |")
+    lines += ["", "Wall time from outside (median), its ratio to megatron-core's, and the largest rank's peak RSS."]
+    for r in records:
+        lines.append(f"- {_describe(r)} {_headline(r)}.")
+    lines.append(README_END)
+    return "\n".join(lines)
+
+
+def write_readme_table(records: list[dict], results: str, readme: str) -> None:
+    """Replace the marked block of ``readme`` with ``readme_table``."""
+    with open(readme) as f:
+        text = f.read()
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{readme}: no '{README_START}' ... '{README_END}' block to replace")
+    with open(readme, "w") as f:
+        f.write(text[:start] + readme_table(records, results) + text[end + len(README_END):])
+
+
+def write_report(results: str, suite: str | None = None, readme: str | None = None) -> list[str]:
     """Every file of the report, next to ``results``; returns their paths."""
     records = _selected(results, suite)
     out = os.path.dirname(os.path.abspath(results))
@@ -207,4 +254,7 @@ def write_report(results: str, suite: str | None = None) -> list[str]:
     plot_vs_megatron(records, paths[2])
     with open(paths[3], "w") as f:
         f.write(table(records, results))
+    if readme is not None:
+        write_readme_table(records, results, readme)
+        paths.append(readme)
     return [shown(p) for p in paths]

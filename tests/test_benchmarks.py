@@ -27,6 +27,16 @@ def test_smoke_suite_writes_results_plots_table_and_projection(tmp_path):
         assert os.path.getsize(tmp_path / name) > 0, name
     table = open(tmp_path / "TABLE.md").read()
     assert "| build_blend | megacache | 2 |" in table
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- benchmarks table: start -->\nold\n<!-- benchmarks table: end -->\noutro\n")
+    rep = subprocess.run([sys.executable, "-m", "benchmarks", "report", "--results", results, "--readme", str(readme)],
+                         cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
+    kernel = next(r for r in records if r["workload"] == "blend_kernel")
+    wall = kernel["megacache"]["2"]["median"]["wall_s"]
+    assert f"| `blend_kernel` (smoke, factor 0.0002, 1 repeat(s)) |" in text and f"{wall:.1f} s (" in text
     projection = str(tmp_path / "projection.md")
     proj = subprocess.run([sys.executable, "-m", "benchmarks", "project", "--results", results, "--output", projection],
                           cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
