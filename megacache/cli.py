@@ -82,6 +82,9 @@ def _tokenizer_ids(args: argparse.Namespace) -> dict:
 
 
 def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
+    from .algorithms import import_numba_without_scipy
+
+    import_numba_without_scipy()  # first: every rank of a build loads numba kernels
     from .blendspec import blend_from_flags
     from .builders.build import MEGATRON_DEFAULT_SPLIT, BuildConfig, build, megatron_split_sizes
 
