@@ -10,6 +10,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from typing import Any
 
@@ -138,6 +139,14 @@ def write_json_atomic(path: str, obj: Any) -> None:
 def read_json(path: str) -> Any:
     with open(path, "rb") as f:
         return json.loads(f.read())
+
+
+def remove_tree(path: str, tag: str) -> None:
+    """Delete a directory, renamed away first: a job killed while deleting never leaves a half
+    directory under the old name (whose leftovers a rerun would trust)."""
+    trash = tmp_path(path, tag)
+    os.rename(path, trash)
+    shutil.rmtree(trash, ignore_errors=True)
 
 
 def remove_quietly(path: str) -> None:

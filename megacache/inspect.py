@@ -21,11 +21,10 @@ import numpy as np
 from .algorithms.splits import split_ranges
 from .chunks import CHUNK, first_bad
 from .errors import MegacacheError
-from .formats.cache import BLEND_FILES, GPT_FILES, SPLIT_NAMES, describe, description_hash
+from .formats.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from .formats.npy import load_npy
 
-ENTRY_FILES = {"GPTDataset": GPT_FILES, "BlendedDataset": BLEND_FILES}
 ENTRY_NAME = re.compile(r"([0-9a-f]{32})-(GPTDataset|BlendedDataset)-(train|valid|test)-(.+)")
 #: datasets of a blend spelled out in its flags; longer blends are elided
 SHOWN_DATASETS = 4

@@ -140,12 +140,17 @@ def _matching_plans(e, lengths: np.ndarray, split_range: tuple[int, int], shapes
     is tried: drop_last is configurable for the valid split only."""
     ids = e.description
     drop_lasts = (True, False) if e.split_name == "valid" else (True,)
+    if len(lengths) == 0:  # megatron-core builds no GPTDataset on an empty dataset
+        return []
+    # The lengths are read once, not once per setting tried (each a pass over the whole dataset).
+    beg, end = split_range
+    tokens, longest = int(np.sum(lengths[beg:end], dtype=np.int64)), int(np.max(lengths))
     plans = []
     for x in (1, 0):
         for drop_last in drop_lasts:
             try:
-                p = GPTIndexPlan.for_split(lengths, split_range, ids.get("num_samples"),
-                                           ids.get("sequence_length"), x, drop_last)
+                p = GPTIndexPlan.from_counts(end - beg, tokens, longest, ids.get("num_samples"),
+                                             ids.get("sequence_length"), x, drop_last)
             except MegacacheError:
                 continue
             if shapes == {what: (shape, dtype) for what, (dtype, shape) in array_shapes(p).items()}:

@@ -633,7 +633,7 @@ def test_numba_kernels_load_without_importing_scipy_linalg():
 
     code = """
 import sys
-from megacache.algorithms import import_numba_without_scipy
+from megacache.cli import import_numba_without_scipy
 import_numba_without_scipy()
 import numpy as np
 from megacache.algorithms.gpt_index import length_stats

@@ -10,7 +10,7 @@ jobs, built by the same four steps as a single prefix:
    job's tokens per epoch, hence the same epochs, sample counts and dtypes, hence every file's
    shape. Work per rank is O(sequences / P), whatever the number of datasets.
 2. Document index: one serial MT19937 Fisher–Yates per job, on the job's owner (jobs spread over
-   ranks by cost, largest first), which also preallocates the job's files. The RNG state it leaves
+   ranks by cost, largest first). The RNG state it leaves
    is the shuffle index's starting state and the shuffle index's length is in the plan, so the
    owner hands the shuffle index to a background thread (the numba kernel releases the GIL) at once.
 3. Sample index: a small job's owner computes it at once from the document index in memory and

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..chunks import first_bad
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import IndexedDataset, bin_path, idx_path
@@ -90,12 +91,12 @@ def merge(prefixes: list[str], output_prefix: str, comm: Comm | None = None,
         ds = opened.setdefault(c.source, IndexedDataset(prefixes[c.source]))
         di = ds.document_indices
         bounds = np.asarray(di[c.doc_start: c.doc_stop + 1])
-        backwards = np.flatnonzero(np.diff(bounds) < 0)
-        if len(backwards):
-            d = c.doc_start + int(backwards[0]) + 1
-            raise MegacacheError(f"{idx_path(prefixes[c.source])}: document_indices[{d}] = {int(di[d])} is below "
-                                 f"document_indices[{d - 1}] = {int(di[d - 1])}; the index is damaged, run megacache "
-                                 f"verify on it")
+        bad = first_bad(np.diff(bounds) < 0)
+        if bad is not None:
+            d = c.doc_start + bad + 1
+            raise MegacacheError(f"{idx_path(prefixes[c.source])}: document_indices[{d}] = {int(bounds[bad + 1])} is "
+                                 f"below document_indices[{d - 1}] = {int(bounds[bad])}; the index is damaged, run "
+                                 f"megacache verify on it")
         s0, s1 = int(bounds[0]), int(bounds[-1])
         lengths = np.asarray(ds.sequence_lengths[s0:s1])
         if int(lengths.sum(dtype=np.int64)) != counts[i].tokens:

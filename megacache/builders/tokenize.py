@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -25,7 +24,7 @@ import numpy as np
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import optimal_dtype
-from ..fsio import publish, read_json, remove_quietly, tmp_path, write_json_atomic, writing
+from ..fsio import publish, read_json, remove_quietly, remove_tree, tmp_path, write_json_atomic, writing
 from ..inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
 from ..jobs import Guard
 from ..progress import Progress
@@ -122,9 +121,7 @@ def _prepare_work_dir(work_dir: str, fingerprint: str) -> list[int]:
             same = False
         if same:
             return sorted(int(n[5:12]) for n in os.listdir(work_dir) if n.endswith(".done"))
-        stale = tmp_path(work_dir, "stale")  # renamed first: a kill mid-delete leaves no half directory
-        os.rename(work_dir, stale)
-        shutil.rmtree(stale)
+        remove_tree(work_dir, "stale")
     os.makedirs(work_dir)
     write_json_atomic(manifest, {"fingerprint": fingerprint})
     return []
@@ -304,11 +301,7 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
 
     comm.barrier()
     if comm.rank == 0:
-        # Renamed away first: a job killed while deleting must never leave done records whose
-        # parts are gone (a rerun would trust them).
-        trash = tmp_path(cfg.work_dir, tag)
-        os.rename(cfg.work_dir, trash)
-        shutil.rmtree(trash, ignore_errors=True)
+        remove_tree(cfg.work_dir, tag)  # never done records whose parts are gone
     return ordered, tokens, documents, reused
 
 

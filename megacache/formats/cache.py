@@ -20,6 +20,8 @@ from ..fsio import STATE_DIR, publish_many, read_json, write_json_atomic
 
 GPT_FILES = ("description.txt", "document_index.npy", "sample_index.npy", "shuffle_index.npy")
 BLEND_FILES = ("description.txt", "dataset_index.npy", "dataset_sample_index.npy")
+#: every entry class megacache knows, and its files
+ENTRY_FILES = {"GPTDataset": GPT_FILES, "BlendedDataset": BLEND_FILES}
 SPLIT_NAMES = ("train", "valid", "test")
 
 
@@ -91,18 +93,22 @@ class CacheEntry:
         ids = self.identifiers
         return ids["index_split"] if "index_split" in ids else ids["split"]
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        return GPT_FILES if self.class_name == "GPTDataset" else BLEND_FILES
-
-    @property
-    def stem(self) -> str:
-        """``<md5>-<Class>-<split>``: every file name of the entry starts with it."""
-        if self.class_name not in ("GPTDataset", "BlendedDataset") or self.split_name not in SPLIT_NAMES:
+    def _check_known(self) -> None:
+        if self.class_name not in ENTRY_FILES or self.split_name not in SPLIT_NAMES:
             # Names read from a description file must never steer a path out of the directory.
             raise FormatError(f"{self.directory}: a cache entry of class {self.class_name!r}, split "
                               f"{self.split_name!r}: megacache knows GPTDataset and BlendedDataset, splits "
                               f"{', '.join(SPLIT_NAMES)}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        self._check_known()
+        return ENTRY_FILES[self.class_name]
+
+    @property
+    def stem(self) -> str:
+        """``<md5>-<Class>-<split>``: every file name of the entry starts with it."""
+        self._check_known()
         return f"{self.hash}-{self.class_name}-{self.split_name}"
 
     def path(self, what: str) -> str:
