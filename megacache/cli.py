@@ -5,9 +5,15 @@ what and where), 1 an unexpected failure."""
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import re
 import sys
 import traceback
+
+# megacache never calls BLAS; without this, numpy's OpenBLAS starts a spinning thread per core in
+# every rank, which competes with the ranks themselves at start-up.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 from .comm import Comm, get_comm
 from .errors import MegacacheError
@@ -112,7 +118,14 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
                       add_extra_token=not args.no_add_extra_token_to_sequence,
                       drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence,
                       surplus=args.mid_level_dataset_surplus, rebuild_stale=args.rebuild_stale)
-    result = build(cfg, comm)
+    # A build makes tens of thousands of short-lived objects and no garbage cycles worth collecting;
+    # without this, full collections walk numba's large import-time object graph over and over.
+    gc.freeze()
+    gc.disable()
+    try:
+        result = build(cfg, comm)
+    finally:
+        gc.enable()
     if comm.rank != 0:
         return
     prefixes = list(dict.fromkeys(j.data_path for j in result.gpt))

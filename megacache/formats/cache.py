@@ -100,12 +100,12 @@ class CacheEntry:
                               f"{self.split_name!r}: megacache knows GPTDataset and BlendedDataset, splits "
                               f"{', '.join(SPLIT_NAMES)}")
 
-    @property
+    @cached_property
     def names(self) -> tuple[str, ...]:
         self._check_known()
         return ENTRY_FILES[self.class_name]
 
-    @property
+    @cached_property
     def stem(self) -> str:
         """``<md5>-<Class>-<split>``: every file name of the entry starts with it."""
         self._check_known()
