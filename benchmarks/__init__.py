@@ -11,7 +11,9 @@ Workloads (``workloads.py``; sizes scale by the factor, 1 = the issue's sizes): 
 text, a trained 32k BPE), ``build_gpt`` (one large synthetic dataset), ``build_blend`` (a
 1000-dataset weighted blend) and ``blend_kernel`` (the blending kernel alone). Every run is a fresh
 process timed from outside: the reference once per repeat (megatron-core, one process), then
-megacache at each P; every output is compared byte for byte with the reference's.
+megacache at each P; every output is compared byte for byte with the reference's. Each run writes
+into a new directory; outputs of many files are deleted only when their workload ends (see
+``suite._release``: on this VM's journal-less ext4, creates right after a mass delete are slow).
 
 Modules: ``probe`` (runs a module and records its peak RSS, CPU and bytes written), ``harness``
 (processes, outputs, machine, results file), ``reference`` (megatron-core's side), ``kernel``
