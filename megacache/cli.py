@@ -11,10 +11,6 @@ import re
 import sys
 import traceback
 
-# megacache never calls BLAS; without this, numpy's OpenBLAS starts a spinning thread per core in
-# every rank, which competes with the ranks themselves at start-up.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
 from .comm import Comm, get_comm
 from .errors import MegacacheError
 
@@ -126,6 +122,7 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
         result = build(cfg, comm)
     finally:
         gc.enable()
+        gc.unfreeze()
     if comm.rank != 0:
         return
     prefixes = list(dict.fromkeys(j.data_path for j in result.gpt))
@@ -313,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # megacache never calls BLAS; without this, numpy's OpenBLAS starts a spinning thread per core
+    # in every rank, which competes with the ranks themselves at start-up. Set when the command
+    # runs, before it imports numpy; importing this module changes nothing.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
     comm = get_comm()
     try:
