@@ -152,7 +152,7 @@ def blend_surplus(work: str, prefixes: list[str], weights: np.ndarray, split: st
     from megacache.blendspec import parse_blend
     from megacache.builders.build import BuildConfig, plan
     from megacache.comm import SingleComm
-    from megacache.formats.tokenizer_ids import tokenizer_identifiers
+    from megacache.megatron.tokenizer import tokenizer_identifiers
 
     blend = parse_blend([word for w, p in zip(weights.tolist(), prefixes) for word in (repr(w), p)])
     tokenizer = tokenizer_identifiers("NullTokenizer", vocab_size=VOCAB_SIZE)

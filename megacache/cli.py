@@ -63,24 +63,21 @@ def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
               flush=True)
 
 
-def _tokenizer_ids(args: argparse.Namespace) -> dict:
-    from .formats.tokenizer_ids import identifiers_from_description, identifiers_from_json, tokenizer_identifiers
+def _tokenizer_ids(args: argparse.Namespace, version: str) -> dict:
+    from .megatron.tokenizer import (given_tokenizer_flags, identifiers_from_description, identifiers_from_json,
+                                     resolve_flags, tokenizer_identifiers)
 
+    given = given_tokenizer_flags(args)
+    resolve_flags(version, given)  # a flag the version lacks is an error whichever way the identity comes
     if args.tokenizer_identifiers:
         return identifiers_from_json(args.tokenizer_identifiers)
     if args.tokenizer_from_description:
         return identifiers_from_description(args.tokenizer_from_description)
-    if not args.tokenizer_type:
+    if not given.get("tokenizer_type"):
         raise MegacacheError("the cache name hashes the tokenizer: give Megatron's --tokenizer-type (with "
                              "--tokenizer-model/--vocab-file/--merge-file/--vocab-size as in training), or "
                              "--tokenizer-identifiers FILE.json, or --tokenizer-from-description PATH")
-    return tokenizer_identifiers(
-        args.tokenizer_type, tokenizer_model=args.tokenizer_model, vocab_file=args.vocab_file,
-        merge_file=args.merge_file, vocab_size=args.vocab_size, special_tokens=args.tokenizer_special_tokens,
-        legacy=args.legacy_tokenizer, vocab_extra_ids=args.vocab_extra_ids,
-        tokenizer_hf_use_fast=args.tokenizer_hf_use_fast,
-        tokenizer_hf_include_special_tokens=args.tokenizer_hf_include_special_tokens,
-        tokenizer_metadata=args.tokenizer_metadata)
+    return tokenizer_identifiers(megatron_version=version, **given)
 
 
 def import_numba_without_scipy() -> None:
@@ -102,6 +99,7 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
     import_numba_without_scipy()  # first: every rank of a build loads numba kernels
     from .blendspec import blend_from_flags
     from .builders.build import MEGATRON_DEFAULT_SPLIT, BuildConfig, build, megatron_split_sizes
+    from .megatron.versions import resolve
 
     blend, per_split = blend_from_flags(args.data_path, args.data_args_path,
                                         (args.train_data_path, args.valid_data_path, args.test_data_path),
@@ -109,11 +107,14 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
     split = args.split if args.split is not None or per_split else MEGATRON_DEFAULT_SPLIT
     sizes = megatron_split_sizes(args.train_samples, args.train_iters, args.global_batch_size, args.eval_iters,
                                  args.eval_interval, args.full_validation)
-    cfg = BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=_tokenizer_ids(args), blend=blend,
+    version = resolve(args.megatron_version)
+    cfg = BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=_tokenizer_ids(args, version),
+                      megatron_version=version, blend=blend,
                       blend_per_split=per_split, split=split, seed=args.seed, cache_dir=args.data_cache_path,
                       add_extra_token=not args.no_add_extra_token_to_sequence,
                       drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence,
-                      surplus=args.mid_level_dataset_surplus, rebuild_stale=args.rebuild_stale)
+                      surplus=args.mid_level_dataset_surplus, rebuild_stale=args.rebuild_stale,
+                      sequences_path=args.per_dataset_sequences_path)
     # A build makes tens of thousands of short-lived objects and no garbage cycles worth collecting;
     # without this, full collections walk numba's large import-time object graph over and over.
     gc.freeze()
@@ -128,8 +129,8 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
     prefixes = list(dict.fromkeys(j.data_path for j in result.gpt))
     built = sum(not j.reused for j in result.gpt) + sum(not b.reused for b in result.blends)
     print(f"megacache build: {len(prefixes)} dataset(s), {len(result.gpt)} GPTDataset and {len(result.blends)} "
-          f"BlendedDataset cache entries ({built} built, the rest reused) in {result.seconds:.1f} s on "
-          f"{result.ranks} rank(s)", flush=True)
+          f"BlendedDataset cache entries ({built} built, the rest reused) for megatron-core {result.megatron_version} "
+          f"in {result.seconds:.1f} s on {result.ranks} rank(s)", flush=True)
     detailed = args.verbose or len(prefixes) <= 8
     for prefix in prefixes if detailed else []:
         jobs = [j for j in result.gpt if j.data_path == prefix]
@@ -142,6 +143,8 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
         print(b.summary, flush=True)
         if args.verbose:
             print(b.entry.description, flush=True)
+    if result.sequences_path:
+        print(f"  Megatron's --per-dataset-sequences-path file: {result.sequences_path}", flush=True)
     print("  phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.phases.items()), flush=True)
 
 
@@ -149,8 +152,10 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     import os
 
     from .formats.indexed import bin_path, idx_path
+    from .megatron.versions import resolve
     from .verify import summarize_dataset, verify_cache, verify_dataset
 
+    version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     failed, checked = [], 0
 
     def report(name: str, summary: str, problems: list[str]) -> None:
@@ -166,7 +171,7 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
             # A prefix with its files is a dataset even when it is a directory too (Megatron's default
             # cache directory lives under the prefix), as inspect decides.
             if os.path.isdir(path) and not (os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix))):
-                verdicts = verify_cache(path)
+                verdicts = verify_cache(path, version)
                 if not verdicts:
                     report(path, "", [f"{path}: no cache entries in this directory"])
                 checked += max(len(verdicts), 1)
@@ -184,13 +189,15 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
 
 def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
     from .inspect import inspect_path
+    from .megatron.versions import resolve
 
+    version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     failure = None
     if comm.rank == 0:
         problems = 0
         try:
             for path in args.paths:
-                report = inspect_path(path)
+                report = inspect_path(path, version)
                 print(report.text, flush=True)
                 problems += len(report.problems)
             if problems:
@@ -213,7 +220,17 @@ def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
     comm.barrier()
 
 
+def _add_version_arg(p: argparse.ArgumentParser) -> None:
+    from .megatron.versions import SUPPORTED
+
+    p.add_argument("--megatron-version", metavar="X.Y",
+                   help=f"the megatron-core whose caches to reproduce: {', '.join(SUPPORTED)} (default: the "
+                        f"installed megatron-core's version, else {SUPPORTED[-1]})")
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .megatron.tokenizer import add_tokenizer_flags
+
     parser = argparse.ArgumentParser(prog="megacache", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -262,20 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="GPTDatasetConfig.add_extra_token_to_sequence=False")
     p.add_argument("--no-drop-last-partial-validation-sequence", action="store_true",
                    help="GPTDatasetConfig.drop_last_partial_validation_sequence=False")
+    p.add_argument("--per-dataset-sequences-path", metavar="FILE.json",
+                   help="write Megatron's --per-dataset-sequences-path file here (default: "
+                        "sequences_per_dataset.json in --data-cache-path; '' for none)")
     p.add_argument("--rebuild-stale", action="store_true",
                    help="replace existing entries built from other data or settings (default: refuse)")
-    g = p.add_argument_group("tokenizer (hashed into the cache name; give what training is given)")
-    g.add_argument("--tokenizer-type")
-    g.add_argument("--tokenizer-model")
-    g.add_argument("--vocab-file")
-    g.add_argument("--merge-file")
-    g.add_argument("--vocab-size", type=int)
-    g.add_argument("--vocab-extra-ids", type=int, default=0)
-    g.add_argument("--tokenizer-special-tokens", nargs="+")
-    g.add_argument("--tokenizer-metadata")
-    g.add_argument("--tokenizer-hf-use-fast", action="store_true")
-    g.add_argument("--tokenizer-hf-include-special-tokens", action="store_true")
-    g.add_argument("--legacy-tokenizer", action="store_true")
+    _add_version_arg(p)
+    g = p.add_argument_group("tokenizer (hashed into the cache name; Megatron-LM's flags, as training is given them)")
+    add_tokenizer_flags(g)
     g.add_argument("--tokenizer-identifiers", metavar="FILE.json", help="the tokenizer's identifiers, verbatim")
     g.add_argument("--tokenizer-from-description", metavar="PATH",
                    help="take the tokenizer entry of an existing Megatron ...-description.txt")
@@ -292,12 +303,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "exit 0 only if all hold")
     p.add_argument("paths", nargs="+", metavar="PREFIX|CACHE_DIR")
     p.add_argument("--vocab-size", type=int, help="also check every token id is below this")
+    _add_version_arg(p)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("inspect", help="summarize dataset prefixes or cache directories; exit 2 on an "
                                        "incomplete or altered cache entry")
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="a dataset prefix (or its .idx/.bin) or a cache directory")
+    _add_version_arg(p)
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("sample-corpus", help="write the bundled synthetic sample corpus (jsonl)")

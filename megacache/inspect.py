@@ -24,6 +24,8 @@ from .errors import MegacacheError
 from .formats.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from .formats.npy import load_npy
+from .megatron.tokenizer import tokenizer_flags, versions_of
+from .megatron.versions import resolve
 
 ENTRY_NAME = re.compile(r"([0-9a-f]{32})-(GPTDataset|BlendedDataset)-(train|valid|test)-(.+)")
 #: datasets of a blend spelled out in its flags; longer blends are elided
@@ -246,7 +248,20 @@ def _blend_config(e: EntrySummary) -> str:
     return f"a blend of {len(children):,} datasets, {form}{flag} {shown}" + _common_flags(first, e.directory)
 
 
-def _format_entry(e: EntrySummary, parents: dict[str, EntrySummary]) -> list[str]:
+def tokenizer_note(ids: dict, version: str) -> str:
+    """The Megatron ``version`` tokenizer flags an entry's identity comes from, or which versions'
+    flags give it when ``version``'s cannot (that Megatron hashes another name and will not find it)."""
+    flags = tokenizer_flags(ids, version)
+    if flags is not None:
+        return f"megatron-core {version} flags {flags}"
+    others = versions_of(ids)
+    if others:
+        return (f"NOT what megatron-core {version} builds from any flags (that identity is megatron-core "
+                f"{', '.join(others)}'s): a {version} run looks for another name")
+    return f"class {ids.get('class')!r}, given verbatim (not a type megacache derives)"
+
+
+def _format_entry(e: EntrySummary, parents: dict[str, EntrySummary], version: str) -> list[str]:
     state = "complete" if not e.missing else f"INCOMPLETE (missing {', '.join(e.missing)})"
     md5 = {True: "md5 ok", False: "md5 MISMATCH", None: "md5 unknown (no description)"}[e.md5_ok]
     lines = [f"{e.hash} {e.class_name} {e.split_name}: {state}, {md5}"]
@@ -273,13 +288,15 @@ def _format_entry(e: EntrySummary, parents: dict[str, EntrySummary]) -> list[str
             lines.append(f"  Megatron config: a dataset of blend {parent.hash} ({parent.split_name}); see there")
         elif e.class_name == "GPTDataset":
             lines.append(f"  Megatron config: {_gpt_config(e)}")
+        if e.class_name == "GPTDataset" and isinstance(ids.get("tokenizer"), dict):
+            lines.append(f"  tokenizer: {tokenizer_note(ids['tokenizer'], version)}")
         else:
             lines.append(f"  Megatron config: {_blend_config(e)}")
     lines += [f"  problem: {p}" for p in e.problems]
     return lines
 
 
-def format_cache(c: CacheSummary) -> str:
+def format_cache(c: CacheSummary, version: str) -> str:
     counts = {name: sum(e.class_name == name for e in c.entries) for name in ENTRY_FILES}
     lines = [(f"cache directory {c.directory}: {len(c.entries)} entries ({counts['GPTDataset']} GPTDataset, "
               f"{counts['BlendedDataset']} BlendedDataset)")]
@@ -289,7 +306,7 @@ def format_cache(c: CacheSummary) -> str:
         lines.append(f"  {c.other_files} other files ignored")
     parents = _blend_parents(c.entries)
     for e in c.entries:
-        lines += _format_entry(e, parents)
+        lines += _format_entry(e, parents, version)
     return "\n".join(lines)
 
 
@@ -299,13 +316,14 @@ class Report:
     problems: list[str]
 
 
-def inspect_path(path: str) -> Report:
-    """A dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a cache directory."""
+def inspect_path(path: str, megatron_version: str | None = None) -> Report:
+    """A dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a cache directory
+    (its tokenizer identities read as ``megatron_version``'s flags; default as ``versions.resolve``)."""
     prefix = path[:-4] if path.endswith((".idx", ".bin")) and os.path.isfile(path) else path
     # Checked before the directory case: Megatron's default cache dir makes the prefix a directory too.
     if os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)):
         return Report(format_dataset(inspect_dataset(prefix)), [])
     if os.path.isdir(path):
         cache = inspect_cache(path)
-        return Report(format_cache(cache), cache.problems)
+        return Report(format_cache(cache, resolve(megatron_version)), cache.problems)
     raise MegacacheError(f"{path}: not a dataset prefix (no {path}.idx) nor a cache directory")

@@ -20,7 +20,9 @@ from .errors import FormatError, MegacacheError
 from .formats.cache import describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path
 from .formats.npy import load_npy
-from .inspect import inspect_cache, split_range
+from .inspect import inspect_cache, split_range, tokenizer_note
+from .megatron.tokenizer import versions_of
+from .megatron.versions import resolve
 
 
 
@@ -109,9 +111,11 @@ class EntryVerdict:
         return f"{self.hash} {self.class_name} {self.split_name}"
 
 
-def verify_cache(directory: str) -> list[EntryVerdict]:
+def verify_cache(directory: str, megatron_version: str | None = None) -> list[EntryVerdict]:
     """Every entry of a cache directory, checked against its description, its dataset and its blend's
-    children (in the same directory)."""
+    children (in the same directory), and its tokenizer identity against ``megatron_version``'s
+    (default as ``versions.resolve``): an identity only other versions build is never found."""
+    version = resolve(megatron_version)
     entries = inspect_cache(directory).entries
     gpt = {e.hash: e for e in entries if e.class_name == "GPTDataset"}
     verdicts = []
@@ -121,6 +125,11 @@ def verify_cache(directory: str) -> list[EntryVerdict]:
         whole = not e.missing and len(e.arrays) == len(e.present) - 1 and isinstance(e.description, dict)
         if whole and e.class_name == "GPTDataset":
             _verify_gpt(e, v)
+            tokenizer = e.description.get("tokenizer")
+            others = versions_of(tokenizer) if isinstance(tokenizer, dict) else []
+            if others and version not in others:
+                v.problems.append(f"{e.path('description.txt')}: its tokenizer is {tokenizer_note(tokenizer, version)}; "
+                                  f"rebuild with --megatron-version {version}")
         elif whole:
             _verify_blend(e, v, gpt)
         verdicts.append(v)

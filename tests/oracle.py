@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import warnings
@@ -29,10 +30,11 @@ def load_mcore():
     )
 
 
-def megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache=None, **data):
+def megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache=None, sequences_file=False, **data):
     """megatron-core's ``BlendedMegatronDatasetBuilder(...).build()`` for the tests' configuration (the
     null tokenizer, no reset/eod flags); ``data`` is ``blend=(prefixes, weights), split=...`` or
-    ``blend_per_split=[...]``. With ``path_to_cache`` it also writes its cache files there."""
+    ``blend_per_split=[...]``. With ``path_to_cache`` it also writes its cache files there, and with
+    ``sequences_file`` the --per-dataset-sequences-path file Megatron-LM's tool writes."""
     config = mcore.gpt.GPTDatasetConfig(
         random_seed=seed,
         sequence_length=L,
@@ -47,12 +49,19 @@ def megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache=N
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return mcore.Builder(mcore.gpt.GPTDataset, sizes, lambda: True, config).build()
+        built = mcore.Builder(mcore.gpt.GPTDataset, sizes, lambda: True, config).build()
+    if sequences_file:
+        from oracle_worker import write_sequences_file
+
+        write_sequences_file(data.get("blend"), data.get("blend_per_split"),
+                             os.path.join(path_to_cache, "sequences_per_dataset.json"))
+    return built
 
 
-def megatron_splits(mcore, prefix, split, sizes, seed, L, x, drop_last_valid, path_to_cache=None):
+def megatron_splits(mcore, prefix, split, sizes, seed, L, x, drop_last_valid, path_to_cache=None,
+                    sequences_file=False):
     """megatron-core's GPTDatasets for the three splits of ``prefix`` (None where a split is empty)."""
-    return megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache,
+    return megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache, sequences_file,
                              blend=([prefix], None), split=split)
 
 

@@ -91,7 +91,7 @@ def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
     else:
         data = dict(blend=(prefixes, c["weights"]), split=c["split"])
     try:
-        megatron_datasets(mcore, c["sizes"], c["seed"], c["L"], c["x"], c["drop_last"], cache, **data)
+        megatron_datasets(mcore, c["sizes"], c["seed"], c["L"], c["x"], c["drop_last"], cache, True, **data)
     except Exception as exc:  # megacache must refuse these too
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -151,7 +151,7 @@ def check_cli_blends(tmp_path, ranks, prefixes, args_file, per_split, sizes, com
         if kind == "whole":
             assert megatron_build(mcore, prefixes, c, theirs) is None
         else:
-            megatron_datasets(mcore, list(sizes), 77, 32, 1, True, theirs,
+            megatron_datasets(mcore, list(sizes), 77, 32, 1, True, theirs, True,
                               blend_per_split=[([prefixes[0], prefixes[1]], [3.0, 1.0]), ([prefixes[2]], None),
                                                ([prefixes[0], prefixes[2]], None)])
         ours = str(tmp_path / f"ours-{kind}-{ranks}")

@@ -12,7 +12,7 @@ import pytest
 from megacache.builders.build import BuildConfig, build, megatron_split_sizes
 from megacache.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
-from megacache.formats.tokenizer_ids import tokenizer_identifiers
+from megacache.megatron.tokenizer import tokenizer_identifiers
 from oracle import load_mcore, megatron_splits, random_lengths, sweep_configurations, write_lengths
 
 # What megatron-core's tokenizer for --tokenizer-type NullTokenizer --vocab-size 1000 identifies as
@@ -72,7 +72,7 @@ def megatron_cache(mcore, prefix: str, c: dict, cache: str) -> None | str:
     """Let megatron-core build and save its cache; None, or why it refuses the configuration."""
     try:
         megatron_splits(mcore, prefix, c["split"], c["sizes"], c["seed"], c["L"], c["x"], c["drop_last"],
-                        path_to_cache=cache)
+                        path_to_cache=cache, sequences_file=True)
     except Exception as exc:  # megatron asserts on some configurations; megacache must refuse those too
         return f"{type(exc).__name__}: {exc}"
     return None

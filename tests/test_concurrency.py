@@ -154,7 +154,7 @@ RANK = textwrap.dedent("""
     from megacache.builders.build import BuildConfig, build
     from megacache.comm import TorchComm
     from megacache.errors import MegacacheError
-    from megacache.formats.tokenizer_ids import tokenizer_identifiers
+    from megacache.megatron.tokenizer import tokenizer_identifiers
     rank, port, prefix, cache = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank,
                             timeout=datetime.timedelta(seconds=600))

@@ -30,7 +30,7 @@ from megacache.blendspec import parse_blend
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import write_dataset
-from megacache.formats.tokenizer_ids import tokenizer_identifiers
+from megacache.megatron.tokenizer import tokenizer_identifiers
 
 L = 64  # sequence length
 X = 1  # add_extra_token_to_sequence (megatron's default)
@@ -168,7 +168,8 @@ def test_megatron_loads_a_read_only_megacache_cache_on_two_gloo_ranks(tmp_path, 
 
     # Loaded, never built: the cache is untouched, ...
     assert after == before
-    assert len(before["files"]) == 12 * len(prefixes) + (9 if blend else 0) + 1  # + megacache's state directory
+    # + the sequences file (blends: a --data-cache-path) and megacache's state directory
+    assert len(before["files"]) == 12 * len(prefixes) + (9 + 1 if blend else 0) + 1
     for rank in range(RANKS):
         meta = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert meta["megatron"] == "0.16.1"

@@ -75,7 +75,7 @@ def cache_snapshot(cache: str) -> dict:
 
 
 def test_rank_init_builds_once_then_opens_and_feeds_a_distributed_loader(tmp_path):
-    from megacache.formats.tokenizer_ids import tokenizer_identifiers
+    from megacache.megatron.tokenizer import tokenizer_identifiers
 
     rng = np.random.default_rng(4)
     prefix = str(tmp_path / "corpus")

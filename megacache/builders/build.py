@@ -38,8 +38,10 @@ from ..errors import MegacacheError
 from ..formats.cache import (SPLIT_NAMES, CacheEntry, blend_entry, existing, publish_entries,
                              read_manifest, update_manifest)
 from ..formats.npy import NpyWriter, read_npy_header
-from ..fsio import remove_quietly, sync_filesystems, tmp_path
+from ..fsio import remove_quietly, sync_filesystems, tmp_path, write_atomic
 from ..jobs import ALL, guarded, tidy
+from ..megatron.sequences import default_path, sequences_json
+from ..megatron.versions import resolve
 from .gpt import (GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, array_records, open_datasets,
                   plan_jobs)
 from .scheduling import even_slice, largest_first
@@ -58,6 +60,9 @@ class BuildConfig:
     seq_length: int
     sizes: tuple                        # requested samples (train, valid, test); None = one epoch
     tokenizer: dict                     # the tokenizer's unique_identifiers (hashed)
+    #: the megatron-core whose caches to reproduce (``megatron.versions``); None: the installed one's,
+    #: else the newest supported
+    megatron_version: str | None = None
     blend: Blend | None = None          # --data-path / --data-args-path
     blend_per_split: list | None = None  # --train/valid/test-data-path / --per-split-data-args-path
     split: str | None = MEGATRON_DEFAULT_SPLIT
@@ -73,6 +78,9 @@ class BuildConfig:
     #: replace existing entries that megacache's manifest shows were built from other data or
     #: settings (else that is an error)
     rebuild_stale: bool = False
+    #: where to write Megatron's --per-dataset-sequences-path JSON (default: in ``cache_dir``, as
+    #: ``megatron.sequences.FILE_NAME``; "" writes none)
+    sequences_path: str | None = None
 
     @classmethod
     def for_prefix(cls, data_path: str, **fields) -> "BuildConfig":
@@ -121,7 +129,9 @@ class BuildResult:
     blends: list[BlendJob]
     seconds: float
     ranks: int
+    megatron_version: str
     phases: dict[str, float] = field(default_factory=dict)
+    sequences_path: str | None = None   # Megatron's per-dataset sequences file, when written
 
 
 def megatron_split_sizes(train_samples: int | None = None, train_iters: int | None = None,
@@ -422,6 +432,7 @@ class Plan:
     gpt: list[GPTJob]
     blends: list[BlendJob]
     datasets: dict
+    megatron_version: str
 
     @property
     def items(self) -> list:
@@ -473,6 +484,7 @@ def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
     """The entries of ``cfg`` (identical on every rank of ``comm``; a ``SingleComm`` plans alone,
     reading every sequence length itself, with no collective)."""
     comm = comm or get_comm()
+    version = resolve(cfg.megatron_version)
     settings = cfg.settings
     settings.validate()
     _check_sizes(cfg)
@@ -487,7 +499,7 @@ def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
     if blend_specs:
         _check_dtypes(datasets)
     jobs = plan_jobs(requests, settings, datasets, comm)
-    planned = Plan(jobs, _blend_jobs(cfg, blend_specs, jobs), datasets)
+    planned = Plan(jobs, _blend_jobs(cfg, blend_specs, jobs), datasets, version)
     _decide_reuse(planned, cfg, comm)
     return planned
 
@@ -499,12 +511,13 @@ def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm) -> None:
         item.reused = hit
 
 
-def _manifest_records(items: list) -> dict[str, dict[str, dict]]:
+def _manifest_records(items: list, version: str) -> dict[str, dict[str, dict]]:
     """Per directory, the manifest records of the entries just built."""
     out: dict[str, dict[str, dict]] = {}
     for item in items:
         e = item.entry
-        out.setdefault(e.directory, {})[e.stem] = {"description_md5": e.hash, **item.marker}
+        out.setdefault(e.directory, {})[e.stem] = {"description_md5": e.hash, "megatron_version": version,
+                                                   **item.marker}
     return out
 
 
@@ -520,7 +533,8 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     timer.mark("plan")
     if not planned.todo:
         comm.on_root(lambda: tidy({i.entry.directory for i in planned.items}, CACHE_LOCK, ALL), "tidying up")
-        return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, timer.phases)
+        return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, planned.megatron_version,
+                           timer.phases, _write_sequences(planned, cfg, comm))
 
     directories = [item.entry.directory for item in planned.todo]
     entries = len(planned.todo)
@@ -528,7 +542,31 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
         _decide_reuse(planned, cfg, comm)  # what a job we waited for built is reused now
         timer.mark("lock")
         _build_locked(planned, cfg, comm, guard, timer)
-    return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, timer.phases)
+    sequences = _write_sequences(planned, cfg, comm)
+    return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, planned.megatron_version,
+                       timer.phases, sequences)
+
+
+def _write_sequences(planned: Plan, cfg: BuildConfig, comm: Comm) -> str | None:
+    """Megatron's per-dataset sequences file for this configuration's prefixes (rank 0; the plan
+    lists the datasets in the order Megatron's tool does), unless it holds that already. Its path."""
+    path = default_path(cfg.cache_dir) if cfg.sequences_path is None else cfg.sequences_path or None
+    if path is None:
+        return None
+
+    def write() -> None:
+        data = sequences_json({p: (d.layout.sequence_count, d.layout.document_count)
+                               for p, d in planned.datasets.items()})
+        try:
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    return
+        except FileNotFoundError:
+            pass
+        write_atomic(path, data)
+
+    comm.on_root(write, f"writing {path}")
+    return path
 
 
 def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: PhaseTimer) -> None:
@@ -565,7 +603,7 @@ def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: Pha
         comm.on_root(blending.publish, "publishing the blend caches")
 
         def write_manifests() -> None:
-            for directory, records in _manifest_records([*gpt.todo, *blending.todo]).items():
+            for directory, records in _manifest_records([*gpt.todo, *blending.todo], planned.megatron_version).items():
                 update_manifest(directory, records)
 
         comm.on_root(write_manifests, "writing the manifest")
