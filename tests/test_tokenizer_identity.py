@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import warnings
 from types import SimpleNamespace
 
@@ -37,6 +36,7 @@ from megacache.megatron.tokenizer import (
 )
 from megacache.megatron.versions import SUPPORTED
 from oracles import ask
+from tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
 
 # Megatron-LM arguments.py defaults of every flag megatron-core's build_tokenizer reads.
 MEGATRON_DEFAULTS = dict(
@@ -47,10 +47,6 @@ MEGATRON_DEFAULTS = dict(
     tiktoken_num_special_tokens=1000, legacy_tokenizer=False,
 )
 
-#: entries of the tiktoken rank file the tests write (its --vocab-size is this + the special tokens)
-TIKTOKEN_RANKS = 290
-CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, tokenizers are fun",
-          "pack my box with five dozen liquor jugs", "ünïcödé and <|endoftext|> here"] * 20
 
 
 def ours(flags: dict) -> dict:
@@ -69,82 +65,9 @@ def inside(directory):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """Tokenizer files trained here: a byte-level BPE (Hugging Face directory ``hf`` and GPT-2
-    ``gpt2files/{vocab.json,merges.txt}``), a WordPiece ``bertfiles/vocab.txt``, the hub-named
-    folders Megatron's GPT-2/BERT wrappers load, and ``meta_<library>_<model_type>.json`` metadata."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
     root = tmp_path_factory.mktemp("tokenizer_ids")
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    wordpiece = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    wordpiece.normalizer = normalizers.BertNormalizer(lowercase=True)
-    wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    wordpiece.train_from_iterator(CORPUS, trainers.WordPieceTrainer(
-        vocab_size=200, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]))
-
-    for d in ("hf", "gpt2files", "bertfiles", "gpt2", "bert-large-uncased", "bert-large-cased"):
-        (root / d).mkdir()
-    bpe.save(str(root / "hf" / "tokenizer.json"))
-    (root / "hf" / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
-    bpe.model.save(str(root / "gpt2files"))
-    wordpiece.model.save(str(root / "bertfiles"))
-    for name in ("vocab.json", "merges.txt"):
-        shutil.copy(root / "gpt2files" / name, root / "gpt2" / name)
-    (root / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    for repo, lower in (("bert-large-uncased", True), ("bert-large-cased", False)):
-        shutil.copy(root / "bertfiles" / "vocab.txt", root / repo / "vocab.txt")
-        (root / repo / "config.json").write_text(json.dumps({"model_type": "bert"}))
-        (root / repo / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": lower}))
-    for library in ("huggingface", "megatron", "sentencepiece", "tiktoken"):
-        for model_type in ("default", "default-text", "gpt", "mamba", "bert", "t5"):
-            (root / f"meta_{library}_{model_type}.json").write_text(
-                json.dumps({"library": library, "model_type": model_type}))
-        (root / f"meta_{library}.json").write_text(json.dumps({"library": library}))
-    write_sentencepiece_model(root / "sp.model")
-    write_tiktoken_ranks(root / "ranks.json", bpe)
+    write_tokenizer_files(root)
     return root
-
-
-def write_sentencepiece_model(path) -> None:
-    """A small BPE SentencePiece model trained here."""
-    import sentencepiece
-
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter(CORPUS), model_prefix=str(path)[:-len(".model")], vocab_size=60,
-        model_type="bpe", minloglevel=2)
-
-
-def write_tiktoken_ranks(path, bpe) -> None:
-    """A tiktoken rank file (megatron-core's JSON form): the 256 bytes, then the BPE's merged tokens
-    as bytes, TIKTOKEN_RANKS entries in all."""
-    import base64
-
-    byte_of = {c: b for b, c in enumerate(_byte_level_chars())}
-    tokens = [bytes([b]) for b in range(256)]
-    merged = sorted((i, t) for t, i in bpe.get_vocab().items() if len(t) > 1 and all(c in byte_of for c in t))
-    tokens += [bytes(byte_of[c] for c in t) for _, t in merged][:TIKTOKEN_RANKS - 256]
-    assert len(tokens) == TIKTOKEN_RANKS
-    path.write_text(json.dumps([{"rank": i, "token_bytes": base64.b64encode(t).decode(),
-                                 "token_str": t.decode("utf-8", "replace")} for i, t in enumerate(tokens)]))
-
-
-def _byte_level_chars() -> list[str]:
-    """GPT-2's byte-to-character table: byte b is written as this list's character b."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    chars, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            chars[b] = chr(b)
-        else:
-            chars[b] = chr(256 + extra)
-            extra += 1
-    return [chars[b] for b in range(256)]
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,149 @@
+"""megacache build for megatron-core 0.19: the 200-configuration sweeps of test_build.py (one prefix)
+and test_blend_build.py (blends) against megatron-core 0.19.2 itself, in its own interpreter
+(tests/oracles.py), whole cache directories compared byte for byte at 1 rank here and at 2 and 3
+ranks under MPI. Each configuration hashes a tokenizer from a pool of real ones (Hugging Face with
+default and varied flags, Null, GPT-2, SentencePiece, tiktoken) that megatron-core builds with its
+own build_tokenizer and megacache derives from the same flags.
+
+The oracle's caches depend only on the configurations, so they are built once per machine (in the
+system's temporary directory, keyed by the request) and every rank count compares against them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megacache.blendspec import parse_blend
+from megacache.builders.build import BuildConfig
+from megacache.comm import Comm, SingleComm, get_comm
+from megacache.fsio import write_atomic
+from megacache.megatron.tokenizer import tokenizer_identifiers
+from oracle import sweep_configurations, write_lengths
+from oracles import ask
+from test_blend_build import per_split_blends, random_blend_config, words
+from test_build import build_and_compare, random_config, would_hang
+from tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
+
+VERSION = "0.19"
+COUNT = 200
+ORACLE_RUNS = os.path.join(tempfile.gettempdir(), "megacache-oracle-runs")
+
+
+def tokenizer_pool(files: str) -> list[dict]:
+    """Megatron-LM 0.19 tokenizer flags, their files under ``files``."""
+    return [
+        dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{files}/hf"),
+        dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{files}/hf/",
+             tokenizer_special_tokens=["<|tool|>"], tokenizer_hf_no_use_fast=True, chat_template="{{ messages }}",
+             tokenizer_metadata=f"{files}/meta_huggingface_gpt.json"),
+        dict(tokenizer_type="NullTokenizer", vocab_size=1000),
+        dict(tokenizer_type="NullTokenizer", vocab_size=50257, null_tokenizer_eod_id=0, null_tokenizer_pad_id=1),
+        dict(tokenizer_type="GPT2BPETokenizer", vocab_file=f"{files}/gpt2files/vocab.json",
+             merge_file=f"{files}/gpt2files/merges.txt"),
+        dict(tokenizer_type="SentencePieceTokenizer", tokenizer_model=f"{files}/sp.model"),
+        dict(tokenizer_type="Llama2Tokenizer", tokenizer_model=f"{files}/sp.model", tokenizer_sentencepiece_legacy=True,
+             tokenizer_special_tokens=["<x>"]),
+        dict(tokenizer_type="TikTokenizer", tokenizer_model=f"{files}/ranks.json", vocab_size=1000 + TIKTOKEN_RANKS,
+             tiktoken_pattern="v2"),
+    ]
+
+
+def configurations(kind: str, root: str) -> list[dict]:
+    """The sweep's configurations, in the oracle worker's terms (datasets under ``root``)."""
+    rng = np.random.default_rng(19 if kind == "single" else 20)
+    pool = tokenizer_pool(os.path.join(root, "tokenizers"))
+    out = []
+    for i in range(COUNT):
+        c = random_config(rng) if kind == "single" else random_blend_config(rng, huge=i == 0)
+        datasets = [c.pop("lengths")] if kind == "single" else c.pop("datasets")
+        prefixes = [os.path.join(root, f"c{i:03d}", f"d{j:04d}") for j in range(len(datasets))]
+        c.update(datasets=[d.tolist() for d in datasets], prefixes=prefixes, tokenizer=pool[i % len(pool)],
+                 tokenizer_cwd=os.path.join(root, "tokenizers"),
+                 path_to_cache=os.path.join(root, f"c{i:03d}", "theirs"))
+        if kind == "single":
+            c.update(blend=[prefixes, None], hang=would_hang({**c, "lengths": datasets[0]}))
+        elif c["per_split"]:
+            c["blend_per_split"] = [None if b is None else [list(b[0]), b[1]] for b in per_split_blends(c, prefixes)]
+        else:
+            c["blend"] = [prefixes, c["weights"]]
+        out.append(c)
+    return out
+
+
+def oracle_run(comm: Comm, kind: str) -> tuple[list[dict], list]:
+    """The configurations and megatron-core 0.19.2's answer to each (its caches on disk), made once:
+    rank 0 writes the datasets and tokenizer files, asks the oracle, and marks the run done."""
+    key = hashlib.sha256(json.dumps([VERSION, configurations(kind, "ROOT")]).encode()).hexdigest()
+    root = os.path.join(ORACLE_RUNS, f"{kind}-{VERSION}-{key[:16]}")
+    done = os.path.join(root, "done.json")
+    error = None
+    if comm.rank == 0 and not os.path.exists(done):
+        try:
+            shutil.rmtree(root, ignore_errors=True)
+            os.makedirs(os.path.join(root, "tokenizers"))
+            write_tokenizer_files(Path(root) / "tokenizers")
+            configs = configurations(kind, root)
+            for c in configs:
+                for prefix, lengths in zip(c["prefixes"], c["datasets"]):
+                    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+                    write_lengths(prefix, lengths)
+            todo = [c for c in configs if not c.get("hang")]
+            answers = iter(ask(VERSION, {"task": "caches", "configs": todo}))
+            results = [None if c.get("hang") else next(answers) for c in configs]
+            write_atomic(done, json.dumps(results).encode())
+        except BaseException as exc:  # agreed below, so no rank waits forever
+            error = exc
+    comm.check(error, "running the megatron-core 0.19.2 oracle")
+    with open(done) as f:
+        results = json.load(f)
+    return configurations(kind, root), results
+
+
+def our_config(c: dict, cache: str, tuning: dict) -> BuildConfig:
+    tokenizer = tokenizer_identifiers(megatron_version=VERSION, **c["tokenizer"])
+    common = dict(seq_length=c["L"], sizes=tuple(c["sizes"]), tokenizer=tokenizer, seed=c["seed"], cache_dir=cache,
+                  add_extra_token=bool(c["x"]), drop_last_partial_validation=c["drop_last"],
+                  megatron_version=VERSION)
+    if c.get("blend_per_split"):
+        blends = [None if b is None else parse_blend(words(*b)) for b in c["blend_per_split"]]
+        return BuildConfig(blend_per_split=blends, split=None, **common, **tuning)
+    return BuildConfig(blend=parse_blend(words(*c["blend"])), split=c["split"], **common, **tuning)
+
+
+def sweep(comm: Comm, kind: str, **tuning) -> dict[str, int]:
+    configs, results = oracle_run(comm, kind)
+
+    def run(workdir: str, item) -> str:
+        c, theirs_error = item
+        refuse = bool(c.get("hang") or theirs_error)
+        result = build_and_compare(our_config(c, os.path.join(workdir, "ours"), tuning), comm, c["path_to_cache"],
+                                   refuse)
+        if result is None:
+            return "refused"
+        return f"{c['tokenizer']['tokenizer_type']}" + (" blend" if result.blends else "")
+
+    return sweep_configurations(comm, zip(configs, results), run)
+
+
+@pytest.mark.parametrize("kind", ["single", "blend"])
+def test_sweep_against_megatron_019_single_rank(kind):
+    outcomes = sweep(SingleComm(), kind)
+    print(f"{kind} conformance with megatron-core 0.19.2, 1 rank:", outcomes)
+    assert sum(outcomes.values()) == COUNT and outcomes.get("refused", 0) <= 40, outcomes
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("kind", ["single", "blend"])
+def test_sweep_against_megatron_019_under_mpi(kind):
+    comm = get_comm()
+    outcomes = sweep(comm, kind, blend_min_chunk=50, blend_warmup=0)
+    if comm.rank == 0:
+        print(f"{kind} conformance with megatron-core 0.19.2, {comm.size} ranks:", outcomes)
+    assert sum(outcomes.values()) == COUNT and outcomes.get("refused", 0) <= 40, outcomes
