@@ -34,7 +34,7 @@ def write_tokenizer_files(root: Path) -> None:
         (root / d).mkdir()
     bpe.save(str(root / "hf" / "tokenizer.json"))
     (root / "hf" / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "pad_token": "<|im_end|>"}))
     bpe.model.save(str(root / "gpt2files"))
     wordpiece.model.save(str(root / "bertfiles"))
     for name in ("vocab.json", "merges.txt"):
