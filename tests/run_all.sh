@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Install megacache with its test dependencies and run the whole suite: the MPI tests under
 # 2 and 3 ranks, then the serial tests (which also launch real mpiexec jobs of 1-4 ranks).
+# megatron-core 0.16.1 is the oracle in this interpreter; 0.17.1, 0.18.2 and 0.19.2 (Python 3.12
+# wheels only) in the environment tests/megatron_oracles.sh builds once and reuses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # torch first, pinned: a looser requirement with no torch installed pulls GBs of CUDA wheels.
@@ -13,6 +15,8 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "not root: Slurm not started, tests/test_slurm.py will skip"
 fi
+# The newer oracles (a few minutes the first time; reused afterwards).
+bash tests/megatron_oracles.sh
 export PYTHONWARNINGS=ignore
 for n in 2 3; do
   echo "=== MPI tests on $n ranks"

@@ -217,6 +217,31 @@ CASES = [
     case("build-per-split-wrong-value-type",
          lambda w: w.build("--per-split-data-args-path", w.file("split.json", '{"train": 5, "valid": null, "test": null}')),
          "{t}/split.json: 'train' must be a list of strings or one string, got 5"),
+    # --- Megatron versions ----------------------------------------------------------------------
+    case("build-unknown-megatron-version", lambda w: w.build("--data-path", w.good, "--megatron-version", "0.15"),
+         "--megatron-version 0.15: megacache reproduces megatron-core 0.16, 0.17, 0.18, 0.19 (patch versions "
+         "accepted, e.g. 0.19.2)"),
+    case("build-megatron-version-not-a-version", lambda w: w.build("--data-path", w.good, "--megatron-version", "latest"),
+         "--megatron-version latest: megacache reproduces megatron-core 0.16, 0.17, 0.18, 0.19"),
+    case("build-flag-newer-than-version",
+         lambda w: w.build("--data-path", w.good, "--megatron-version", "0.17", "--null-tokenizer-pad-id", "3"),
+         "--null-tokenizer-pad-id does not exist in Megatron-LM 0.17 (it exists in 0.18 to 0.19)",
+         "--megatron-version to match it"),
+    case("build-flag-removed-in-version",
+         lambda w: w.build("--data-path", w.good, "--megatron-version", "0.19.2", "--tokenizer-type",
+                           "HuggingFaceTokenizer", "--tokenizer-model", "hf", "--tokenizer-hf-use-fast"),
+         "--tokenizer-hf-use-fast does not exist in Megatron-LM 0.19 (it exists in 0.16 to 0.17)"),
+    case("build-legacy-tokenizer-after-016",
+         lambda w: w.build("--data-path", w.good, "--megatron-version", "0.18", "--legacy-tokenizer"),
+         "--legacy-tokenizer does not exist in Megatron-LM 0.18 (it exists in 0.16)"),
+    case("build-flag-checked-with-given-identity",
+         lambda w: w.build("--data-path", w.good, "--megatron-version", "0.16", "--chat-template", "x",
+                           "--tokenizer-identifiers", w.file("ids.json", '{"class": "X"}')),
+         "--chat-template does not exist in Megatron-LM 0.16 (it exists in 0.18 to 0.19)"),
+    case("verify-unknown-megatron-version", lambda w: ["verify", w.good, "--megatron-version", "1.0"],
+         "--megatron-version 1.0: megacache reproduces megatron-core 0.16, 0.17, 0.18, 0.19"),
+    case("inspect-unknown-megatron-version", lambda w: ["inspect", w.good, "--megatron-version", "0.20"],
+         "--megatron-version 0.20: megacache reproduces megatron-core"),
     # --- sizes and split ------------------------------------------------------------------------
     case("build-seq-length-zero", lambda w: w.build("--data-path", w.good, "--seq-length", "0"),
          "--seq-length must be a positive integer, got 0"),
@@ -342,3 +367,27 @@ def test_the_sound_inputs_pass(tmp_path, capsys):
     names = os.listdir(w.out)
     assert {"m.bin", "m.idx", "o_text_document.bin", "o_text_document.idx", "cache"} <= set(names)
     assert not any(TMP_MARK in p for p in files_under(tmp_path))
+
+
+def test_installed_megatron_newer_than_supported_needs_a_version(tmp_path):
+    """A megatron-core megacache does not know, installed beside it (a real distribution's metadata on
+    the path): build, verify and inspect refuse to guess its cache names unless told the version."""
+    site = tmp_path / "site"
+    info = site / "megatron_core-0.20.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: megatron-core\nVersion: 0.20.0\n")
+    w = Work(tmp_path / "w")
+    env = dict(os.environ, PYTHONPATH=str(site), PYTHONWARNINGS="ignore")
+    for argv in (w.build("--data-path", w.good), ["verify", f"{w.out}/cache"], ["inspect", w.good]):
+        proc = subprocess.run([sys.executable, "-m", "megacache.cli", *argv], capture_output=True, text=True, env=env,
+                              timeout=300)
+        assert proc.returncode == 2, proc.stderr
+        assert ("megatron-core 0.20.0 is installed, newer than the versions megacache reproduces (0.16, 0.17, 0.18, "
+                "0.19): its cache names may differ. Pass --megatron-version") in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not os.path.exists(f"{w.out}/cache")
+    proc = subprocess.run([sys.executable, "-m", "megacache.cli", *w.build("--data-path", w.good, "--megatron-version",
+                                                                          "0.19")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "for megatron-core 0.19 in" in proc.stdout
