@@ -149,7 +149,7 @@ def blend_surplus(work: str, prefixes: list[str], weights: np.ndarray, split: st
     build: small blends of many datasets need more (megatron-core raises IndexError and says to
     raise it). Both sides are given the same."""
     from megacache.algorithms.blend import build_blending_indices, find_oversampling
-    from megacache.blendspec import parse_blend
+    from megacache.megatron.blends import parse_blend
     from megacache.builders.build import BuildConfig, plan
     from megacache.comm import SingleComm
     from megacache.megatron.tokenizer import tokenizer_identifiers
@@ -180,7 +180,9 @@ def _build_case(work: str, prefixes: list[str], weights, data_args: list[str], s
     return Case(
         params={**params, "seq_length": SEQ_LENGTH, "split": split, "seed": SEED, "sizes": sizes,
                 "mean_length": MEAN_LENGTH, "sigma": SIGMA, "mid_level_dataset_surplus": surplus},
-        megacache=lambda out: ["megacache", "build", *common, "--data-cache-path", out],
+        # the reference is megatron-core 0.16.1's builder alone, which writes no sequences file
+        megacache=lambda out: ["megacache", "build", *common, "--megatron-version", "0.16", "--data-cache-path", out,
+                               "--per-dataset-sequences-path", ""],
         reference=lambda out: ["benchmarks.reference", "build", spec, out],
         reference_name="megatron-core BlendedMegatronDatasetBuilder.build()",
     )
@@ -188,7 +190,7 @@ def _build_case(work: str, prefixes: list[str], weights, data_args: list[str], s
 
 def build_gpt(work: str, suite: Suite, factor: float) -> Case:
     from megacache.algorithms.splits import split_matrix, split_ranges
-    from megacache.builders.build import megatron_split_sizes
+    from megacache.megatron.training import split_sizes
 
     # eval_iters scales too, so valid and test keep their share of the samples at small factors.
     split, epochs, gbs, eval_iters, eval_interval = "969, 30, 1", 2.5, 512, max(1, round(100 * factor)), 1000
@@ -198,7 +200,8 @@ def build_gpt(work: str, suite: Suite, factor: float) -> Case:
     a, b = split_ranges(split_matrix(split), documents)[0]
     per_epoch = (int(lengths[a:b].sum(dtype=np.int64)) - 1) // SEQ_LENGTH  # add_extra_token_to_sequence
     train = int(epochs * per_epoch)
-    sizes = list(megatron_split_sizes(train, None, gbs, eval_iters, eval_interval))
+    sizes = list(split_sizes(train_samples=train, global_batch_size=gbs, eval_iters=eval_iters,
+                             eval_interval=eval_interval))
     flags = ["--train-samples", str(train), "--global-batch-size", str(gbs), "--eval-iters", str(eval_iters),
              "--eval-interval", str(eval_interval)]
     return _build_case(work, [prefix], None, ["--data-path", prefix], split, sizes, flags,
@@ -207,7 +210,7 @@ def build_gpt(work: str, suite: Suite, factor: float) -> Case:
 
 
 def build_blend(work: str, suite: Suite, factor: float) -> Case:
-    from megacache.builders.build import megatron_split_sizes
+    from megacache.megatron.training import split_sizes
 
     split, datasets, tokens = "969,30,1", suite.blend_datasets, 5e10 * factor
     share, weights = blend_shares(datasets)
@@ -229,7 +232,7 @@ def build_blend(work: str, suite: Suite, factor: float) -> Case:
     eval_interval = max(1, train // 9)  # the smallest giving train // interval + 1 == 10 evaluations
     while train // eval_interval + 1 > 10:
         eval_interval += 1
-    sizes = list(megatron_split_sizes(train, None, 1, test, eval_interval))
+    sizes = list(split_sizes(train_samples=train, global_batch_size=1, eval_iters=test, eval_interval=eval_interval))
     data_args = os.path.join(work, "data_args.txt")
     with open(data_args, "w") as f:
         f.write("".join(f"{w!r} {p}\n" for w, p in zip(weights.tolist(), prefixes)))

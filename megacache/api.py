@@ -1,7 +1,7 @@
 """megacache from Python: build the caches of a configuration, and open them.
 
     from megacache.api import BuildConfig, build, open_cache
-    from megacache.blendspec import parse_blend
+    from megacache.megatron.blends import parse_blend
 
     cfg = BuildConfig(blend=parse_blend(["0.7", "/data/web_text_document", "0.3", "/data/code_text_document"]),
                       seq_length=4096, sizes=(1_000_000, 10_000, 1_000), tokenizer=identifiers,
@@ -18,12 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .builders.build import BuildConfig, BuildResult, build, megatron_split_sizes, plan
+from .builders.build import BuildConfig, BuildResult, build, plan
+from .megatron.tokenizer import tokenizer_identifiers
+from .megatron.training import split_sizes
 from .comm import SingleComm, TorchComm
 from .errors import CacheNotBuilt
 from .reader import NO_PAD, BlendedSamples, GPTSamples
 
-__all__ = ["BuildConfig", "BuildResult", "build", "megatron_split_sizes", "open_cache", "prepare_cache",
+__all__ = ["BuildConfig", "BuildResult", "build", "split_sizes", "tokenizer_identifiers", "open_cache", "prepare_cache",
            "PreparedCache", "GPTSamples", "BlendedSamples"]
 
 

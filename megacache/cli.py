@@ -64,11 +64,13 @@ def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _tokenizer_ids(args: argparse.Namespace, version: str) -> dict:
-    from .megatron.tokenizer import (given_tokenizer_flags, identifiers_from_description, identifiers_from_json,
-                                     resolve_flags, tokenizer_identifiers)
+    from .megatron.flags import given_flags, resolve_flags
+    from .megatron.tokenizer import (TOKENIZER_FLAGS, identifiers_from_description, identifiers_from_json,
+                                     tokenizer_identifiers)
 
-    given = given_tokenizer_flags(args)
-    resolve_flags(version, given)  # a flag the version lacks is an error whichever way the identity comes
+    given = given_flags(args, TOKENIZER_FLAGS)
+    # a flag the version lacks is an error whichever way the identity comes
+    resolve_flags(TOKENIZER_FLAGS, version, given)
     if args.tokenizer_identifiers:
         return identifiers_from_json(args.tokenizer_identifiers)
     if args.tokenizer_from_description:
@@ -97,17 +99,22 @@ def import_numba_without_scipy() -> None:
 
 def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
     import_numba_without_scipy()  # first: every rank of a build loads numba kernels
-    from .blendspec import blend_from_flags
-    from .builders.build import MEGATRON_DEFAULT_SPLIT, BuildConfig, build, megatron_split_sizes
+    from .megatron.blends import blend_from_flags
+    from .builders.build import BuildConfig, build
+    from .megatron.flags import given_flags
+    from .megatron.training import DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
     from .megatron.versions import resolve
 
     blend, per_split = blend_from_flags(args.data_path, args.data_args_path,
                                         (args.train_data_path, args.valid_data_path, args.test_data_path),
                                         args.per_split_data_args_path)
-    split = args.split if args.split is not None or per_split else MEGATRON_DEFAULT_SPLIT
-    sizes = megatron_split_sizes(args.train_samples, args.train_iters, args.global_batch_size, args.eval_iters,
-                                 args.eval_interval, args.full_validation)
     version = resolve(args.megatron_version)
+    if args.dataloader_fast_cache_load and not per_split:
+        raise MegacacheError("--dataloader-fast-cache-load and --data-path cannot be used together (megatron-core "
+                             "asserts): give the data per split (--per-split-data-args-path or "
+                             "--train/valid/test-data-path)")
+    split = args.split if args.split is not None or per_split else DEFAULT_SPLIT
+    sizes = split_sizes(version, **given_flags(args, SIZE_FLAGS))
     cfg = BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=_tokenizer_ids(args, version),
                       megatron_version=version, blend=blend,
                       blend_per_split=per_split, split=split, seed=args.seed, cache_dir=args.data_cache_path,
@@ -229,7 +236,9 @@ def _add_version_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .megatron.tokenizer import add_tokenizer_flags
+    from .megatron.flags import add_flags
+    from .megatron.tokenizer import TOKENIZER_FLAGS
+    from .megatron.training import SIZE_FLAGS
 
     parser = argparse.ArgumentParser(prog="megacache", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -269,12 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
                                              "need it: Megatron caches blends only there)")
     p.add_argument("--mid-level-dataset-surplus", type=float, default=0.005,
                    help="extra samples each blended dataset is built with (default 0.005)")
-    p.add_argument("--train-samples", type=int)
-    p.add_argument("--train-iters", type=int)
-    p.add_argument("--global-batch-size", type=int)
-    p.add_argument("--eval-iters", type=int, default=100)
-    p.add_argument("--eval-interval", type=int, default=1000)
-    p.add_argument("--full-validation", action="store_true")
+    add_flags(p.add_argument_group("samples per split (Megatron-LM's training flags)"), SIZE_FLAGS)
+    g = p.add_argument_group("Megatron-LM loading flags (accepted; the cache is the same with or without them)")
+    g.add_argument("--dataloader-fast-cache-load", action="store_true")
+    g.add_argument("--dataloader-defer-npy-index-mmap", action="store_true")
     p.add_argument("--no-add-extra-token-to-sequence", action="store_true",
                    help="GPTDatasetConfig.add_extra_token_to_sequence=False")
     p.add_argument("--no-drop-last-partial-validation-sequence", action="store_true",
@@ -286,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace existing entries built from other data or settings (default: refuse)")
     _add_version_arg(p)
     g = p.add_argument_group("tokenizer (hashed into the cache name; Megatron-LM's flags, as training is given them)")
-    add_tokenizer_flags(g)
+    add_flags(g, TOKENIZER_FLAGS)
     g.add_argument("--tokenizer-identifiers", metavar="FILE.json", help="the tokenizer's identifiers, verbatim")
     g.add_argument("--tokenizer-from-description", metavar="PATH",
                    help="take the tokenizer entry of an existing Megatron ...-description.txt")

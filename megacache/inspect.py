@@ -21,7 +21,7 @@ import numpy as np
 from .algorithms.splits import split_ranges
 from .chunks import CHUNK, first_bad
 from .errors import MegacacheError
-from .formats.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
+from .megatron.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from .formats.npy import load_npy
 from .megatron.tokenizer import tokenizer_flags, versions_of

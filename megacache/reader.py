@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats.cache import CacheEntry
+from .megatron.cache import CacheEntry
 from .formats.indexed import IndexedDataset
 from .formats.npy import load_npy
 

@@ -17,7 +17,7 @@ from .algorithms.gpt_index import GPTIndexPlan
 from .builders.gpt import array_shapes
 from .chunks import CHUNK, first_bad
 from .errors import FormatError, MegacacheError
-from .formats.cache import describe, description_hash
+from .megatron.cache import describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path
 from .formats.npy import load_npy
 from .inspect import inspect_cache, split_range, tokenizer_note

@@ -5,7 +5,7 @@ exit code 2, a message naming what is wrong and where (file, line, field or elem
 traceback, and nothing left behind: no file written or changed anywhere under the case's directory
 (output or temporary), except in a failed tokenize's work directory, which a rerun resumes from.
 The units behind these messages have their own tests (test_inputs, test_indexed_format,
-test_verify, test_blendspec, test_build, test_merge); this is the command-line view of them.
+test_verify, test_blends, test_build, test_merge); this is the command-line view of them.
 
 Cases run in-process through ``megacache.cli.main``; those that need a file-size limit run as a
 subprocess with ``RLIMIT_FSIZE`` (Python ignores SIGXFSZ, so a write past the limit fails with EFBIG,

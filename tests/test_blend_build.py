@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from corpus import free_port
-from megacache.blendspec import parse_blend
+from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig
 from megacache.comm import Comm, SingleComm, get_comm
 from oracle import load_mcore, megatron_datasets, sweep_configurations, write_lengths

@@ -9,7 +9,8 @@ import tempfile
 import numpy as np
 import pytest
 
-from megacache.builders.build import BuildConfig, build, megatron_split_sizes
+from megacache.builders.build import BuildConfig, build
+from megacache.megatron.training import split_sizes
 from megacache.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
 from megacache.megatron.tokenizer import tokenizer_identifiers
@@ -152,10 +153,34 @@ def test_worked_examples_5_and_8(tmp_path, megatron):
         assert run_both(mcore, SingleComm(), d, c) in ("ok", "separated")
 
 
-def test_split_sizes_as_megatron_training_computes_them():
-    assert megatron_split_sizes(train_iters=500, global_batch_size=8, eval_iters=10, eval_interval=100) == (4000, 480, 80)
-    assert megatron_split_sizes(train_samples=1000, global_batch_size=10, eval_iters=2, eval_interval=30) == (1000, 80, 20)
-    assert megatron_split_sizes(train_iters=5, global_batch_size=4, full_validation=True)[1] is None
+# Megatron-LM's get_train_valid_test_num_samples at each version's tag, run with these flags
+# (micro-batch 1, --eval-interval 100 --eval-iters 10): (train, valid, test).
+SIZES_BY_VERSION = [
+    (("0.16", "0.17", "0.18", "0.19"), dict(train_iters=1000, global_batch_size=8), (8000, 880, 80)),
+    (("0.16", "0.17", "0.18", "0.19"), dict(train_samples=8000, global_batch_size=8), (8000, 880, 80)),
+    (("0.16", "0.17", "0.18", "0.19"), dict(train_iters=1000, global_batch_size=8, skip_train=True), (8000, 80, 80)),
+    (("0.16", "0.17", "0.18", "0.19"), dict(train_iters=1000, global_batch_size=8, full_validation=True),
+     (8000, None, 80)),
+    (("0.18", "0.19"), dict(train_iters=1000, global_batch_size=8, eval_global_batch_size=16), (8000, 1760, 160)),
+    (("0.18", "0.19"), dict(train_iters=1000, global_batch_size=8, start_eval_at_iter=300), (8000, 640, 80)),
+]
+
+
+@pytest.mark.parametrize("versions,flags,sizes", SIZES_BY_VERSION)
+def test_split_sizes_as_megatron_training_computes_them(versions, flags, sizes):
+    for version in versions:
+        assert split_sizes(version, eval_interval=100, eval_iters=10, **flags) == sizes, version
+    assert split_sizes(train_iters=500, global_batch_size=8, eval_iters=10, eval_interval=100) == (4000, 480, 80)
+    assert split_sizes(train_samples=1000, global_batch_size=10, eval_iters=2, eval_interval=30) == (1000, 80, 20)
+
+
+def test_split_size_flags_of_other_versions_and_missing_ones_are_errors():
+    with pytest.raises(MegacacheError, match=r"--eval-global-batch-size does not exist in Megatron-LM 0\.17 \(it "
+                                             r"exists in 0\.18 to 0\.19\)"):
+        split_sizes("0.17", train_iters=10, global_batch_size=8, eval_interval=5, eval_global_batch_size=16)
+    with pytest.raises(MegacacheError, match="--eval-interval is needed to count the validation samples"):
+        split_sizes("0.19", train_iters=10, global_batch_size=8)
+    assert split_sizes("0.19", train_iters=10, global_batch_size=8, full_validation=True) == (80, None, 800)
 
 
 @pytest.mark.parametrize("change, message", [

@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
 
-from megacache.formats.cache import (CacheEntry, blend_entry, blend_identifiers, describe, existing,
-                                     gpt_identifiers)
+from megacache.megatron.cache import CacheEntry, blend_entry, blend_identifiers, describe, existing, gpt_identifiers
 from megacache.formats.npy import NpyWriter, load_npy, write_npy
 
 

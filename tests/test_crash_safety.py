@@ -22,8 +22,9 @@ import pytest
 
 from conftest import REPORTS
 from corpus import documents, write_jsonl
-from megacache.blendspec import parse_blend
-from megacache.builders.build import BuildConfig, build, megatron_split_sizes
+from megacache.megatron.blends import parse_blend
+from megacache.builders.build import BuildConfig, build
+from megacache.megatron.training import split_sizes
 from megacache.builders.tokenize import TokenizeConfig, tokenize
 from megacache.comm import SingleComm
 from megacache.fsio import STATE_DIR, TMP_MARK
@@ -179,12 +180,13 @@ def tokenize_workload(tmp) -> tuple[Workload, dict[str, bytes]]:
 
 def build_args(cache: str, data: list[str], L: int, samples: int) -> list[str]:
     return ["build", "--data-path", *data, "--seq-length", str(L), "--train-samples", str(samples),
-            "--global-batch-size", "8", "--eval-iters", "10", "--data-cache-path", cache, *TOKENIZER_FLAGS]
+            "--global-batch-size", "8", "--eval-iters", "10", "--eval-interval", "1000", "--data-cache-path", cache,
+            *TOKENIZER_FLAGS]
 
 
 def build_sizes(samples: int) -> tuple:
     """The sizes ``build_args`` asks for."""
-    return megatron_split_sizes(samples, global_batch_size=8, eval_iters=10)
+    return split_sizes(train_samples=samples, global_batch_size=8, eval_iters=10, eval_interval=1000)
 
 
 def gpt_workload(tmp) -> tuple[Workload, dict[str, bytes]]:

@@ -17,7 +17,7 @@ from megacache.api import open_cache
 from megacache.builders.build import BuildConfig, build
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
-from megacache.formats.cache import manifest_path
+from megacache.builders.publish import manifest_path
 from oracle import write_lengths
 from test_build import NULL_TOKENIZER, cache_files
 

@@ -10,7 +10,7 @@ import pytest
 
 from corpus import run_megacache
 from megacache.api import BuildConfig, build
-from megacache.blendspec import parse_blend
+from megacache.megatron.blends import parse_blend
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.npy import load_npy
@@ -154,3 +154,36 @@ def test_cli(prefix, gpt_cache, tmp_path):
     assert f"{missing}: not a dataset prefix (no {missing}.idx) nor a cache directory" in proc.stderr
     with pytest.raises(MegacacheError, match="not a dataset prefix"):
         inspect_path(missing)
+
+
+@pytest.mark.parametrize("built_for, read_as, expected", [
+    ("0.16", "0.16", "tokenizer: megatron-core 0.16 flags --tokenizer-type HuggingFaceTokenizer --tokenizer-model "
+                     "/m/tok --tokenizer-special-tokens '<a b>'"),
+    ("0.16", "0.17", "tokenizer: megatron-core 0.17 flags --tokenizer-type HuggingFaceTokenizer --tokenizer-model "
+                     "/m/tok --tokenizer-special-tokens '<a b>' --tokenizer-hf-no-use-fast "
+                     "--tokenizer-hf-no-include-special-tokens"),
+    ("0.19", "0.19", "tokenizer: megatron-core 0.19 flags --tokenizer-type HuggingFaceTokenizer --tokenizer-model "
+                     "/m/tok --tokenizer-special-tokens '<a b>'"),
+    ("0.16", "0.19", "tokenizer: NOT what megatron-core 0.19 builds from any flags (that identity is megatron-core "
+                     "0.16, 0.17's): a 0.19 run looks for another name"),
+])
+def test_tokenizer_read_as_a_versions_flags(tmp_path, prefix, built_for, read_as, expected):
+    """inspect names the flags of a version that give an entry's tokenizer; verify fails an entry whose
+    tokenizer that version's training never builds (its cache name is never looked up)."""
+    from megacache.megatron.tokenizer import tokenizer_identifiers
+    from megacache.verify import verify_cache
+
+    cache = str(tmp_path / "cache")
+    ids = tokenizer_identifiers("HuggingFaceTokenizer", megatron_version=built_for, tokenizer_model="/m/tok",
+                                tokenizer_special_tokens=["<a b>"])
+    settings = {**SETTINGS, "tokenizer": ids, "megatron_version": built_for}
+    build(BuildConfig.for_prefix(prefix, cache_dir=cache, **settings), SingleComm())
+    text = inspect_path(cache, read_as).text
+    assert text.count(expected) == 3, text
+    problems = [p for v in verify_cache(cache, read_as) for p in v.problems]
+    if "NOT" in expected:
+        assert len(problems) == 3 and all(f"rebuild with --megatron-version {read_as}" in p for p in problems)
+    else:
+        assert problems == []
+    proc = run_megacache(1, "verify", cache, "--megatron-version", read_as, check=False)
+    assert proc.returncode == (2 if "NOT" in expected else 0), proc.stderr

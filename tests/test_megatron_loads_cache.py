@@ -28,8 +28,8 @@ from corpus import free_port
 from oracles import RELEASES, interpreter
 from tokenizer_files import write_tokenizer_files
 
-from megacache.api import BuildConfig, build, megatron_split_sizes, open_cache
-from megacache.blendspec import parse_blend
+from megacache.api import BuildConfig, build, open_cache, split_sizes
+from megacache.megatron.blends import parse_blend
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import write_dataset
@@ -133,7 +133,7 @@ def test_megatron_loads_a_read_only_megacache_cache_on_two_gloo_ranks(tmp_path, 
         write_corpus(prefix, seed=11 + i)
     flags, tokenizer_cwd = tokenizer_flags(version, tmp_path)
     # Enough samples that the first prefix's train and valid splits take 2+ epochs.
-    sizes = megatron_split_sizes(train_samples=560 * len(prefixes), global_batch_size=8,
+    sizes = split_sizes(version, train_samples=560 * len(prefixes), global_batch_size=8,
                                  eval_iters=2 * len(prefixes), eval_interval=20)
     # One prefix: Megatron's default cache location, <prefix>/cache/GPTDataset_indices; a blend is
     # only cached under --data-cache-path.

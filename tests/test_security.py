@@ -13,7 +13,7 @@ import pytest
 from megacache.builders.build import BuildConfig, build
 from megacache.comm import SingleComm
 from megacache.errors import FormatError, MegacacheError
-from megacache.formats.cache import CacheEntry, gpt_identifiers
+from megacache.megatron.cache import CacheEntry, gpt_identifiers
 from megacache.formats.npy import load_npy
 from megacache.tokenizers import load_tokenizer
 from oracle import write_lengths
@@ -60,7 +60,7 @@ def test_created_files_honour_the_umask(tmp_path, umask, mode):
         os.umask(old)
     modes = {e.name: stat.S_IMODE(e.stat().st_mode) for e in os.scandir(cache) if e.is_file()}
     modes["manifest.json"] = stat.S_IMODE(os.stat(cache / ".megacache" / "manifest.json").st_mode)
-    assert len(modes) == 13 and set(modes.values()) == {mode}, modes
+    assert len(modes) == 14 and set(modes.values()) == {mode}, modes  # 12 entry files, sequences, manifest
 
 
 def test_code_shipped_with_a_tokenizer_is_never_run(tmp_path):

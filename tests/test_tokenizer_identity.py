@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 
 from megacache.errors import InputError, MegacacheError
-from megacache.formats.cache import CacheEntry, blend_identifiers, describe, gpt_identifiers
+from megacache.megatron.cache import CacheEntry, blend_identifiers, describe, gpt_identifiers
 from megacache.megatron.tokenizer import (
     SUPPORTED_TYPES,
     TOKENIZER_FLAGS,

@@ -92,7 +92,7 @@ def test_rank_init_builds_once_then_opens_and_feeds_a_distributed_loader(tmp_pat
     first = [json.load(open(tmp_path / f"out.{r}.json")) for r in range(2)]
     assert [m["built"] for m in first] == [True, True], first  # both ranks took part in the build
     snapshot = cache_snapshot(cache)
-    assert len(snapshot) == 12 and not [n for n in snapshot if n.startswith(".")]
+    assert len(snapshot) == 13 and not [n for n in snapshot if n.startswith(".")]  # + the sequences file
 
     torchrun(spec_path)
     second = [json.load(open(tmp_path / f"out.{r}.json")) for r in range(2)]

@@ -74,7 +74,7 @@ import os
 
 from oracle import write_lengths
 from megacache.api import BuildConfig, build
-from megacache.blendspec import parse_blend
+from megacache.megatron.blends import parse_blend
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.verify import verify_cache

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megacache.blendspec import parse_blend
+from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig
 from megacache.comm import Comm, SingleComm, get_comm
 from megacache.fsio import write_atomic

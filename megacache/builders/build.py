@@ -32,21 +32,21 @@ from ..algorithms.blend import (DEFAULT_SURPLUS, DEFAULT_WARMUP, blend_chunk, bl
                                 first_unconfirmed_chunk, guess_counts, normalize, repair_chunk,
                                 unweighted_blend_size)
 from ..algorithms.splits import split_matrix
-from ..blendspec import Blend
+from ..megatron.blends import Blend
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
-from ..formats.cache import (SPLIT_NAMES, CacheEntry, blend_entry, existing, publish_entries,
-                             read_manifest, update_manifest)
+from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry, existing
+from .publish import publish_entries, read_manifest, update_manifest
 from ..formats.npy import NpyWriter, read_npy_header
 from ..fsio import remove_quietly, sync_filesystems, tmp_path, write_atomic
 from ..jobs import ALL, guarded, tidy
 from ..megatron.sequences import default_path, sequences_json
+from ..megatron.training import DEFAULT_SPLIT
 from ..megatron.versions import resolve
 from .gpt import (GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, array_records, open_datasets,
                   plan_jobs)
 from .scheduling import even_slice, largest_first
 
-MEGATRON_DEFAULT_SPLIT = "969, 30, 1"
 #: a blend's arrays and their dtypes (each one sample long)
 BLEND_ARRAYS = {"dataset_index.npy": np.dtype(np.int16), "dataset_sample_index.npy": np.dtype(np.int64)}
 #: the lock key of a cache directory
@@ -65,7 +65,7 @@ class BuildConfig:
     megatron_version: str | None = None
     blend: Blend | None = None          # --data-path / --data-args-path
     blend_per_split: list | None = None  # --train/valid/test-data-path / --per-split-data-args-path
-    split: str | None = MEGATRON_DEFAULT_SPLIT
+    split: str | None = DEFAULT_SPLIT
     seed: int = 1234
     cache_dir: str | None = None        # --data-cache-path
     add_extra_token: bool = True
@@ -134,29 +134,6 @@ class BuildResult:
     sequences_path: str | None = None   # Megatron's per-dataset sequences file, when written
 
 
-def megatron_split_sizes(train_samples: int | None = None, train_iters: int | None = None,
-                         global_batch_size: int | None = None, eval_iters: int = 100,
-                         eval_interval: int = 1000, full_validation: bool = False) -> tuple:
-    """Samples per split as Megatron-LM's training loop asks for them."""
-    if train_samples is None and train_iters is None:
-        raise MegacacheError("give --train-samples, or --train-iters with --global-batch-size")
-    for flag, value in (("--train-samples", train_samples), ("--train-iters", train_iters),
-                        ("--global-batch-size", global_batch_size), ("--eval-iters", eval_iters)):
-        if value is not None and value < 0:
-            raise MegacacheError(f"{flag} must not be negative, got {value}")
-    if eval_interval < 1:
-        raise MegacacheError(f"--eval-interval must be positive, got {eval_interval}")
-    needs_gbs = train_samples is None or eval_iters
-    if needs_gbs and not global_batch_size:
-        raise MegacacheError("--global-batch-size is needed to turn iterations into samples")
-    if train_iters is None:  # Megatron derives the iterations from the samples
-        train_iters = train_samples // global_batch_size
-    train = train_samples if train_samples is not None else train_iters * global_batch_size
-    gbs = global_batch_size or 0
-    valid = None if full_validation else (train_iters // eval_interval + 1) * eval_iters * gbs
-    return (train, valid, eval_iters * gbs)
-
-
 # ---------------------------------------------------------------------------------------------
 # Plan
 
@@ -210,7 +187,7 @@ def _plan_requests(cfg: BuildConfig) -> tuple[list[GPTRequest], list[tuple]]:
             add_blend(cfg.blend, tuple(matrix), tuple(cfg.sizes), cfg.split, hashed, built)
         return requests, blends
 
-    if cfg.split not in (None, MEGATRON_DEFAULT_SPLIT):
+    if cfg.split not in (None, DEFAULT_SPLIT):
         raise MegacacheError("--split does not apply to per-split data paths (megatron-core asserts)")
     if len(cfg.blend_per_split) != 3 or not any(cfg.blend_per_split):
         raise MegacacheError("per-split data needs a blend (or None) for each of train, valid and test")

@@ -40,7 +40,8 @@ from ..algorithms.permutation import MT19937
 from ..algorithms.splits import split_ranges
 from ..comm import Comm
 from ..errors import MegacacheError
-from ..formats.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers, publish_entries
+from ..megatron.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
+from .publish import publish_entries
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import NpyWriter, load_npy, write_npy
 from ..fsio import remove_quietly, sync_filesystems, tmp_path

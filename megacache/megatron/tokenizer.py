@@ -17,14 +17,12 @@ flags, without importing megatron-core or loading the tokenizer:
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 from ..errors import InputError, MegacacheError
+from .flags import Flag, resolve_flags, without_defaults
 from .versions import SUPPORTED, at_least, resolve
 
 #: ``--tokenizer-type`` choices of Megatron-LM's arguments.py (the same in every supported version).
@@ -75,33 +73,6 @@ _INSTEAD = ("pass --tokenizer-identifiers FILE.json (the tokenizer's unique_iden
 # Flags
 
 
-@dataclass(frozen=True)
-class Flag:
-    """One of Megatron-LM's tokenizer flags: its spellings, the versions that have it, its value."""
-
-    names: tuple[str, ...]
-    kind: str                           # "str", "int", "list" (nargs='+'), "true" / "false" (switches)
-    since: str = SUPPORTED[0]
-    until: str | None = None            # last version that has it
-    default: object = None
-    help: str = ""
-
-    @property
-    def dest(self) -> str:
-        """The keyword of ``tokenizer_identifiers``: the flag's name in snake case (a switch that
-        turns a setting off is named for the setting)."""
-        name = self.names[0][2:]
-        return name[3:].replace("-", "_") if self.kind == "false" else name.replace("-", "_")
-
-    def exists_in(self, version: str) -> bool:
-        return at_least(version, self.since) and (self.until is None or at_least(self.until, version))
-
-    @property
-    def versions(self) -> str:
-        have = [v for v in SUPPORTED if self.exists_in(v)]
-        return have[0] if len(have) == 1 else f"{have[0]} to {have[-1]}"
-
-
 #: Megatron-LM's tokenizer flags in every supported version (arguments.py; 0.18 on, its
 #: TokenizerConfig). Flags that only size the embedding are accepted and change nothing here.
 TOKENIZER_FLAGS = (
@@ -134,42 +105,6 @@ TOKENIZER_FLAGS = (
     Flag(("--no-pad-vocab-size", "--disable-pad-vocab-size"), "false", since="0.18", default=True,
          help="(embedding size only; not hashed)"),
 )
-_BY_DEST = {f.dest: f for f in TOKENIZER_FLAGS}
-
-
-def add_tokenizer_flags(group) -> None:
-    """Every version's tokenizer flags on an argparse group; a flag not given stays absent from the
-    namespace (``given_tokenizer_flags`` collects the rest) so the version's defaults apply."""
-    for f in TOKENIZER_FLAGS:
-        kw: dict = dict(dest=f.dest, default=argparse.SUPPRESS, help=f.help or None)
-        if f.kind in ("true", "false"):
-            kw["action"] = "store_true" if f.kind == "true" else "store_false"
-        else:
-            kw["type"] = int if f.kind == "int" else str
-            if f.kind == "list":
-                kw["nargs"] = "+"
-        group.add_argument(*f.names, **kw)
-
-
-def given_tokenizer_flags(args: argparse.Namespace) -> dict:
-    return {dest: getattr(args, dest) for dest in _BY_DEST if hasattr(args, dest)}
-
-
-def resolve_flags(version: str, given: Mapping) -> dict:
-    """Every tokenizer flag's value in ``version``: those given, the version's defaults for the rest.
-    A flag the version does not have is an error naming the versions that do."""
-    for dest in given:
-        f = _BY_DEST.get(dest)
-        if f is None:
-            raise MegacacheError(f"{dest!r} is not one of Megatron-LM's tokenizer flags "
-                                 f"({', '.join(sorted(_BY_DEST))})")
-        if not f.exists_in(version):
-            raise MegacacheError(
-                f"{f.names[0]} does not exist in Megatron-LM {version} (it exists in {f.versions}): pass the "
-                f"flags of the Megatron you train with, and --megatron-version to match it")
-    return {f.dest: given.get(f.dest, f.default) for f in TOKENIZER_FLAGS if f.exists_in(version)}
-
-
 # ---------------------------------------------------------------------------------------------
 # Identity
 
@@ -182,9 +117,8 @@ def tokenizer_identifiers(tokenizer_type: str | None = None, megatron_version: s
     to the installed megatron-core's, else the newest supported. Flags Megatron ignores for the chosen
     type are ignored here too."""
     version = resolve(megatron_version)
-    # None, or a keyword at its default, is a flag not given (Python callers pass every keyword they know).
-    given = {k: v for k, v in flags.items() if v is not None and (k not in _BY_DEST or v != _BY_DEST[k].default)}
-    args = resolve_flags(version, {"tokenizer_type": tokenizer_type, **given})
+    args = resolve_flags(TOKENIZER_FLAGS, version,
+                         {"tokenizer_type": tokenizer_type, **without_defaults(TOKENIZER_FLAGS, flags)})
     kind = args["tokenizer_type"]
     if kind not in SUPPORTED_TYPES:
         if kind in MEGATRON_TYPES:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from corpus import run_megacache
-from megacache.blendspec import Blend, blend_from_flags, parse_blend, read_per_split_data_args
+from megacache.megatron.blends import Blend, blend_from_flags, parse_blend, read_per_split_data_args
 from megacache.api import BlendedSamples, BuildConfig, GPTSamples, build, open_cache
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError

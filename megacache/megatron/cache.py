@@ -1,6 +1,7 @@
-"""Megatron's dataset cache: unique descriptions, their md5, and the file names derived from them.
+"""Megatron's dataset cache: unique descriptions, their md5, the file names derived from them, and
+the cache-hit rule (the same in every supported version).
 
-megatron-core 0.16.1 keys every cached index by the md5 of a JSON description
+megatron-core keys every cached index by the md5 of a JSON description
 (``json.dumps(…, indent=4)``) of the dataset's identity, and names the files
 ``<md5>-<Class>-<split>-<what>``. Reproducing the description byte for byte is what lets Megatron
 find a cache megacache built. See megatron-compat.md §3.
@@ -16,7 +17,6 @@ from functools import cached_property
 from typing import Any
 
 from ..errors import FormatError
-from ..fsio import STATE_DIR, publish_many, read_json, write_json_atomic
 
 GPT_FILES = ("description.txt", "document_index.npy", "sample_index.npy", "shuffle_index.npy")
 BLEND_FILES = ("description.txt", "dataset_index.npy", "dataset_sample_index.npy")
@@ -137,47 +137,3 @@ def existing(entries) -> list[bool]:
                 listings[e.directory] = set()
         out.append(all(os.path.basename(p) in listings[e.directory] for p in e.paths().values()))
     return out
-
-
-def publish_entries(items) -> None:
-    """Cache entries into place from their temporary files (``[(entry, {file: tmp path})]``, the
-    arrays already written): each description is written, then every array is renamed into
-    place, then every description, so Megatron's cache hit (all files present) never sees a part."""
-    items = list(items)
-    for entry, tmp in items:
-        with open(tmp["description.txt"], "wb") as f:
-            f.write(entry.description.encode("utf-8"))
-    publish_many([(tmp[w], entry.path(w)) for entry, tmp in items for w in entry.names if w != "description.txt"])
-    publish_many([(tmp["description.txt"], entry.path("description.txt")) for entry, tmp in items])
-
-
-# megacache's own record of what each entry was built from (the "marker"), beyond what Megatron's
-# hash covers; written last, after the entries it lists are in place.
-
-
-def manifest_path(directory: str) -> str:
-    return os.path.join(directory, STATE_DIR, "manifest.json")
-
-
-def read_manifest(directory: str) -> dict[str, dict]:
-    """``{entry stem: record}`` for ``directory``; empty when megacache never built there."""
-    path = manifest_path(directory)
-    try:
-        manifest = read_json(path)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as exc:
-        raise FormatError(f"{path}: unreadable ({exc}); delete it (megacache then checks the entries' shapes "
-                          f"only) or rebuild the cache") from None
-    entries = manifest.get("entries") if isinstance(manifest, dict) else None
-    if not isinstance(entries, dict):
-        raise FormatError(f"{path}: no 'entries' object; delete it or rebuild the cache")
-    return entries
-
-
-def update_manifest(directory: str, records: dict[str, dict]) -> None:
-    """Add (or replace) ``records`` in the manifest. Callers hold the directory's lock."""
-    entries = read_manifest(directory)
-    entries.update(records)
-    os.makedirs(os.path.dirname(manifest_path(directory)), exist_ok=True)
-    write_json_atomic(manifest_path(directory), {"format": 1, "entries": entries})

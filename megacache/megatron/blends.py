@@ -20,9 +20,9 @@ import math
 import os
 from dataclasses import dataclass
 
-from .algorithms.blend import MAX_DATASETS
-from .errors import MegacacheError
-from .formats.cache import SPLIT_NAMES
+from ..algorithms.blend import MAX_DATASETS
+from ..errors import MegacacheError
+from ..megatron.cache import SPLIT_NAMES
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,49 @@
+"""Cache entries into place: Megatron's files published atomically, then megacache's manifest, its
+record of what each entry was built from beyond what Megatron's hash covers."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import FormatError
+from ..fsio import STATE_DIR, publish_many, read_json, write_json_atomic
+
+
+def publish_entries(items) -> None:
+    """Cache entries into place from their temporary files (``[(entry, {file: tmp path})]``, the
+    arrays already written): each description is written, then every array is renamed into
+    place, then every description, so Megatron's cache hit (all files present) never sees a part."""
+    items = list(items)
+    for entry, tmp in items:
+        with open(tmp["description.txt"], "wb") as f:
+            f.write(entry.description.encode("utf-8"))
+    publish_many([(tmp[w], entry.path(w)) for entry, tmp in items for w in entry.names if w != "description.txt"])
+    publish_many([(tmp["description.txt"], entry.path("description.txt")) for entry, tmp in items])
+
+
+def manifest_path(directory: str) -> str:
+    return os.path.join(directory, STATE_DIR, "manifest.json")
+
+
+def read_manifest(directory: str) -> dict[str, dict]:
+    """``{entry stem: record}`` for ``directory``; empty when megacache never built there."""
+    path = manifest_path(directory)
+    try:
+        manifest = read_json(path)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{path}: unreadable ({exc}); delete it (megacache then checks the entries' shapes "
+                          f"only) or rebuild the cache") from None
+    entries = manifest.get("entries") if isinstance(manifest, dict) else None
+    if not isinstance(entries, dict):
+        raise FormatError(f"{path}: no 'entries' object; delete it or rebuild the cache")
+    return entries
+
+
+def update_manifest(directory: str, records: dict[str, dict]) -> None:
+    """Add (or replace) ``records`` in the manifest. Callers hold the directory's lock."""
+    entries = read_manifest(directory)
+    entries.update(records)
+    os.makedirs(os.path.dirname(manifest_path(directory)), exist_ok=True)
+    write_json_atomic(manifest_path(directory), {"format": 1, "entries": entries})

@@ -1,0 +1,81 @@
+"""Megatron-LM's command-line flags as data: which versions have each one and what it defaults to, so
+that a user pastes the flags of the Megatron they train with, and a flag their version lacks is an
+error naming the versions that have it."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import MegacacheError
+from .versions import SUPPORTED, at_least
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One of Megatron-LM's tokenizer flags: its spellings, the versions that have it, its value."""
+
+    names: tuple[str, ...]
+    kind: str                           # "str", "int", "float", "list" (nargs='+'), "true"/"false" (switches)
+    since: str = SUPPORTED[0]
+    until: str | None = None            # last version that has it
+    default: object = None
+    help: str = ""
+
+    @property
+    def dest(self) -> str:
+        """The keyword of ``tokenizer_identifiers``: the flag's name in snake case (a switch that
+        turns a setting off is named for the setting)."""
+        name = self.names[0][2:]
+        return name[3:].replace("-", "_") if self.kind == "false" else name.replace("-", "_")
+
+    def exists_in(self, version: str) -> bool:
+        return at_least(version, self.since) and (self.until is None or at_least(self.until, version))
+
+    @property
+    def versions(self) -> str:
+        have = [v for v in SUPPORTED if self.exists_in(v)]
+        return have[0] if len(have) == 1 else f"{have[0]} to {have[-1]}"
+
+
+def add_flags(group, flags: Sequence[Flag]) -> None:
+    """``flags`` on an argparse group; a flag not given stays absent from the namespace
+    (``given_flags`` collects the rest) so that the chosen version's defaults apply."""
+    for f in flags:
+        note = "" if f.versions == f"{SUPPORTED[0]} to {SUPPORTED[-1]}" else f"(Megatron-LM {f.versions} only)"
+        kw: dict = dict(dest=f.dest, default=argparse.SUPPRESS, help=" ".join(filter(None, (f.help, note))) or None)
+        if f.kind in ("true", "false"):
+            kw["action"] = "store_true" if f.kind == "true" else "store_false"
+        else:
+            kw["type"] = {"int": int, "float": float}.get(f.kind, str)
+            if f.kind == "list":
+                kw["nargs"] = "+"
+        group.add_argument(*f.names, **kw)
+
+
+def given_flags(args: argparse.Namespace, flags: Sequence[Flag]) -> dict:
+    return {f.dest: getattr(args, f.dest) for f in flags if hasattr(args, f.dest)}
+
+
+def resolve_flags(flags: Sequence[Flag], version: str, given: Mapping) -> dict:
+    """Every flag's value in ``version``: those given, the version's defaults for the rest. A flag
+    the version does not have is an error naming the versions that do."""
+    by_dest = {f.dest: f for f in flags}
+    for dest in given:
+        f = by_dest.get(dest)
+        if f is None:
+            raise MegacacheError(f"{dest!r} is not one of the Megatron-LM flags megacache reads here "
+                                 f"({', '.join(sorted(by_dest))})")
+        if not f.exists_in(version):
+            raise MegacacheError(
+                f"{f.names[0]} does not exist in Megatron-LM {version} (it exists in {f.versions}): pass the "
+                f"flags of the Megatron you train with, and --megatron-version to match it")
+    return {f.dest: given.get(f.dest, f.default) for f in flags if f.exists_in(version)}
+
+
+def without_defaults(flags: Sequence[Flag], values: Mapping) -> dict:
+    """Keyword arguments of a Python caller, who passes every keyword it knows: None, or a value
+    equal to the flag's default, is a flag not given."""
+    by_dest = {f.dest: f for f in flags}
+    return {k: v for k, v in values.items() if v is not None and (k not in by_dest or v != by_dest[k].default)}
