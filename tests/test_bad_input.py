@@ -370,12 +370,13 @@ def test_the_sound_inputs_pass(tmp_path, capsys):
 
 
 def test_installed_megatron_newer_than_supported_needs_a_version(tmp_path):
-    """A megatron-core megacache does not know, installed beside it (a real distribution's metadata on
-    the path): build, verify and inspect refuse to guess its cache names unless told the version."""
+    """A megatron-core megacache does not know, importable beside it (a Megatron-LM checkout's
+    megatron/core/package_info.py first on PYTHONPATH, as in training containers): build, verify and
+    inspect refuse to guess its cache names unless told the version."""
     site = tmp_path / "site"
-    info = site / "megatron_core-0.20.0.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: megatron-core\nVersion: 0.20.0\n")
+    (site / "megatron" / "core").mkdir(parents=True)
+    (site / "megatron" / "core" / "package_info.py").write_text(
+        'MAJOR = 0\nMINOR = 20\nPATCH = 0\nPRE_RELEASE = ""\nVERSION = (MAJOR, MINOR, PATCH, PRE_RELEASE)\n')
     w = Work(tmp_path / "w")
     env = dict(os.environ, PYTHONPATH=str(site), PYTHONWARNINGS="ignore")
     for argv in (w.build("--data-path", w.good), ["verify", f"{w.out}/cache"], ["inspect", w.good]):

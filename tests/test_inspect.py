@@ -170,6 +170,7 @@ def test_cli(prefix, gpt_cache, tmp_path):
 def test_tokenizer_read_as_a_versions_flags(tmp_path, prefix, built_for, read_as, expected):
     """inspect names the flags of a version that give an entry's tokenizer; verify fails an entry whose
     tokenizer that version's training never builds (its cache name is never looked up)."""
+    from megacache.builders.publish import read_manifest
     from megacache.megatron.tokenizer import tokenizer_identifiers
     from megacache.verify import verify_cache
 
@@ -177,7 +178,10 @@ def test_tokenizer_read_as_a_versions_flags(tmp_path, prefix, built_for, read_as
     ids = tokenizer_identifiers("HuggingFaceTokenizer", megatron_version=built_for, tokenizer_model="/m/tok",
                                 tokenizer_special_tokens=["<a b>"])
     settings = {**SETTINGS, "tokenizer": ids, "megatron_version": built_for}
-    build(BuildConfig.for_prefix(prefix, cache_dir=cache, **settings), SingleComm())
+    result = build(BuildConfig.for_prefix(prefix, cache_dir=cache, **settings), SingleComm())
+    assert result.megatron_version == built_for
+    records = read_manifest(cache)
+    assert len(records) == 3 and {r["megatron_version"] for r in records.values()} == {built_for}
     text = inspect_path(cache, read_as).text
     assert text.count(expected) == 3, text
     problems = [p for v in verify_cache(cache, read_as) for p in v.problems]

@@ -7,6 +7,9 @@ version is its ``MAJOR.MINOR``.
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import os
 import re
 from importlib import metadata
 
@@ -34,12 +37,38 @@ def normalize(version: str, source: str = "--megatron-version") -> str:
 
 
 def installed() -> str | None:
-    """The version of the megatron-core installed beside megacache (read from its package metadata,
-    without importing it), or None."""
+    """The version of the megatron-core this interpreter would import, or None: read from the
+    ``megatron/core/package_info.py`` found on the path (a wheel or a Megatron-LM checkout on
+    PYTHONPATH alike) without importing it, else from the installed distribution's metadata."""
+    try:
+        spec = importlib.util.find_spec("megatron")
+    except (ImportError, ValueError):
+        spec = None
+    for location in (spec.submodule_search_locations or []) if spec else []:
+        info = os.path.join(location, "core", "package_info.py")
+        if os.path.isfile(info):
+            return _package_info_version(info)
     try:
         return metadata.version("megatron-core")
     except metadata.PackageNotFoundError:
         return None
+
+
+def _package_info_version(path: str) -> str | None:
+    """``MAJOR.MINOR.PATCH`` (+ ``PRE_RELEASE``) as megatron-core's package_info.py assigns them."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    parts = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            if isinstance(node.value, ast.Constant):
+                parts[node.targets[0].id] = node.value.value
+    if not all(isinstance(parts.get(k), int) for k in ("MAJOR", "MINOR", "PATCH")):
+        return None
+    return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}{parts.get('PRE_RELEASE') or ''}"
 
 
 def resolve(requested: str | None) -> str:
