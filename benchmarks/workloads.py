@@ -75,7 +75,7 @@ def _write_spec(work: str, spec: dict) -> str:
 def make_corpus(directory: str, megabytes: float) -> tuple[int, int]:
     """jsonl shards of 4000 generated documents each (zero-padded names, so name order is
     megacache's natural order), stopping once ``megabytes`` are written; (bytes, documents)."""
-    from megacache.sample import sample_documents
+    from megacache.sample_corpus import sample_documents
 
     os.makedirs(directory, exist_ok=True)
     written = documents = shard = 0
@@ -92,7 +92,7 @@ def make_corpus(directory: str, megabytes: float) -> tuple[int, int]:
 
 
 def tokenize(work: str, suite: Suite, factor: float) -> Case:
-    from megacache.sample import train_sample_tokenizer
+    from megacache.sample_corpus import train_sample_tokenizer
 
     corpus = os.path.join(work, "corpus")
     nbytes, documents = make_corpus(corpus, 100 * factor)

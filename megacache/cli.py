@@ -195,7 +195,7 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
-    from .inspect import inspect_path
+    from .inspection import inspect_path
     from .megatron.versions import resolve
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
@@ -218,7 +218,7 @@ def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
-    from .sample import write_sample_corpus
+    from .sample_corpus import write_sample_corpus
 
     if comm.rank == 0:
         paths = write_sample_corpus(args.output_dir, files=args.files, documents_per_file=args.documents,

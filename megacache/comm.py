@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 from .errors import JobFailed
@@ -79,6 +81,21 @@ class Comm:
         failed = [(r, m) for r, (_, m) in enumerate(gathered) if m is not None]
         if failed:
             raise JobFailed(phase, failed)
+
+    @contextmanager
+    def agreed(self, phase: str) -> Iterator[None]:
+        """The body's outcome agreed by every rank at its end (``check``): a rank whose body raised
+        takes part in the agreement, and every rank then raises the same ``JobFailed``.
+
+            with comm.agreed("opening the datasets"):
+                datasets = open_all(...)
+        """
+        error = None
+        try:
+            yield
+        except Exception as exc:  # reported collectively below
+            error = exc
+        self.check(error, phase)
 
     def on_root(self, fn: Callable[[], Any], phase: str, root: int = 0) -> Any:
         """Run ``fn`` on rank ``root`` only and broadcast its result (or its error) to every rank.

@@ -20,7 +20,7 @@ from .errors import FormatError, MegacacheError
 from .megatron.cache import describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path
 from .formats.npy import load_npy
-from .inspect import inspect_cache, split_range, tokenizer_note
+from .inspection import inspect_cache, split_range, tokenizer_note
 from .megatron.tokenizer import versions_of
 from .megatron.versions import resolve
 

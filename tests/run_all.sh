@@ -8,12 +8,12 @@ cd "$(dirname "$0")/.."
 # torch first, pinned: a looser requirement with no torch installed pulls GBs of CUDA wheels.
 python -m pip install -q --disable-pip-version-check torch==2.13.0
 python -m pip install -q --disable-pip-version-check -e '.[test]'
-# A one-node Slurm for tests/test_slurm.py (installs slurm-wlm + munge; needs root, else that test skips).
+# A one-node Slurm for tests/system/test_slurm.py (installs slurm-wlm + munge; needs root, else that test skips).
 # A failed start does not fail the run: the test then skips, saying why.
 if [ "$(id -u)" = 0 ]; then
-  bash slurm/start_single_node.sh || echo "Slurm did not start: tests/test_slurm.py will skip"
+  bash slurm/start_single_node.sh || echo "Slurm did not start: tests/system/test_slurm.py will skip"
 else
-  echo "not root: Slurm not started, tests/test_slurm.py will skip"
+  echo "not root: Slurm not started, tests/system/test_slurm.py will skip"
 fi
 # The newer oracles (a few minutes the first time; reused afterwards).
 bash tests/megatron_oracles.sh

@@ -44,6 +44,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..errors import MegacacheError
+from .checks import integer
 
 #: dataset ids are written as int16; BlendedDataset asserts fewer than 32767 datasets
 MAX_DATASETS = 32766
@@ -104,9 +105,7 @@ def size_per_split_per_dataset(
             raise MegacacheError(
                 f"split {i} has weights but no size: a weighted blend needs a sample count for every split"
             )
-        if isinstance(size, (bool, np.bool_)) or not isinstance(size, (int, np.integer)) or size < 0:
-            raise MegacacheError(f"split {i} size must be a non-negative integer, got {size!r}")
-        sizes.append(int(size))
+        sizes.append(integer(f"split {i} size", size))
     target = np.ceil(np.array(sizes, dtype=np.float64)[None, :] * w[:, None])
     return np.ceil(target * (1.0 + surplus)).astype(np.int64)
 
@@ -435,14 +434,8 @@ def _check_outputs(out_dataset_index, out_dataset_sample_index) -> int:
     return out_dataset_index.shape[0]
 
 
-def _check_count(name: str, value) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise MegacacheError(f"{name} must be a non-negative integer, got {value!r}")
-    return int(value)
-
-
 def _check_start(start: int, counts: np.ndarray | None, num_datasets: int) -> np.ndarray:
-    start = _check_count("chunk start", start)
+    start = integer("chunk start", start)
     if counts is None:
         if start:
             raise MegacacheError(f"a chunk starting at sample {start} needs the counts at that sample")
@@ -500,7 +493,7 @@ def build_blending_indices(
     the helpers' plain loop instead of the fast kernel (same output).
     """
     w = _check_weights(weights)
-    size = _check_count("blend size", size)
+    size = integer("blend size", size)
     idx = np.empty(size, dtype=np.int16)
     sidx = np.empty(size, dtype=np.int64)
     blend_chunk(w, 0, None, idx, sidx, reference=reference)
@@ -573,8 +566,8 @@ def guess_counts(weights: Sequence[float], start: int, warmup: int = DEFAULT_WAR
     from zero) when ``start <= warmup``; otherwise the largest-remainder apportionment of
     ``start - warmup`` samples, then ``warmup`` greedy steps, which usually lands on the true state."""
     w = _check_weights(weights)
-    start = _check_count("chunk start", start)
-    begin = max(0, start - _check_count("warmup", warmup))
+    start = integer("chunk start", start)
+    begin = max(0, start - integer("warmup", warmup))
     counts = _largest_remainder(w, begin)
     steps = start - begin
     caps = np.full(w.shape[0], np.inf)

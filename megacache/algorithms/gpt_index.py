@@ -32,6 +32,7 @@ import numba
 import numpy as np
 
 from ..errors import MegacacheError
+from .checks import integer
 from .permutation import MT19937, shuffle
 
 INT32_MAX = int(np.iinfo(np.int32).max)
@@ -142,13 +143,13 @@ class GPTIndexPlan:
         if add_extra_token not in (0, 1):
             raise MegacacheError(f"add_extra_token must be 0 or 1, got {add_extra_token!r}")
         x = int(add_extra_token)
-        L = _check_int("sequence_length", sequence_length, 1)
+        L = integer("sequence_length", sequence_length, 1)
         if L + x > INT32_MAX:
             raise MegacacheError(f"sequence_length {L} (+{x}) does not fit Megatron's int32 arithmetic")
-        D = _check_int("num_documents", num_documents, 0)
-        T = _check_int("tokens_per_epoch", tokens_per_epoch, 0)
-        _check_int("max_sequence_length", max_sequence_length, 0)
-        N = None if num_samples is None else _check_int("num_samples", num_samples, 0)
+        D = integer("num_documents", num_documents, 0)
+        T = integer("tokens_per_epoch", tokens_per_epoch, 0)
+        integer("max_sequence_length", max_sequence_length, 0)
+        N = None if num_samples is None else integer("num_samples", num_samples, 0)
         E, separate, sans = plan_epochs(T, N, L, x)
         if E > INT32_MAX:
             raise MegacacheError(
@@ -223,14 +224,6 @@ class GPTIndexPlan:
         # max(): the first range could only exceed n through the float32 row count at > 2^24
         # epochs; Megatron then keeps it whole, so do we.
         return max(self.shuffle_first_range, self.num_samples)
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise MegacacheError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise MegacacheError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 # --------------------------------------------------------------------------------------------

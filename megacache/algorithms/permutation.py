@@ -23,6 +23,7 @@ import numba
 import numpy as np
 
 from ..errors import MegacacheError
+from .checks import integer
 
 _N = 624  # MT19937 state words
 _M = 397
@@ -56,12 +57,9 @@ class MT19937:
     @classmethod
     def from_seed(cls, seed: int) -> "MT19937":
         """The state of ``numpy.random.RandomState(seed)`` for an integer seed in [0, 2^32 - 1]."""
-        if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
-            raise MegacacheError(f"random seed must be an integer, got {seed!r}")
-        if not 0 <= int(seed) <= _U32:
-            raise MegacacheError(f"random seed must be between 0 and 2**32 - 1, got {seed}")
+        seed = integer("random seed", seed, 0, _U32)
         words = np.empty(_N + 1, dtype=np.uint32)
-        _init_genrand(words, int(seed))
+        _init_genrand(words, seed)
         return cls(words)
 
     @classmethod

@@ -19,7 +19,7 @@ import numpy as np
 from ..comm import Comm
 from ..formats.indexed import IndexLayout, IndexWriter, bin_path, idx_path
 from ..fsio import copy_range, fsync_dir, remove_quietly, tmp_path
-from ..jobs import guarded
+from ..coordination import guarded
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,7 @@ def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
 
     comm.on_root(lambda: IndexWriter.create(tmp_idx, tmp_bin, layout, tokens * dtype.itemsize),
                  "preallocating the output")
-    error = None
-    try:
+    with comm.agreed(f"writing {prefix}"):
         with IndexWriter.open(tmp_idx, tmp_bin, layout) as writer:
             for p in mine:
                 doc0, seq0, tok0 = (int(v) for v in starts[p])
@@ -75,9 +74,6 @@ def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
             # Each rank makes its own writes durable (on network filesystems only the writer can).
             os.fsync(writer.idx_fd)
             os.fsync(writer.bin_fd)
-    except Exception as exc:
-        error = exc
-    comm.check(error, f"writing {prefix}")
 
     def publish() -> None:
         # Drop the old index first: a crash between the renames then leaves a .bin without an .idx
@@ -103,7 +99,7 @@ def temporaries(prefix: str) -> tuple[str, ...]:
 
 
 def guarded_output(comm: Comm, output_prefix: str, prefixes: list[str], what: str, work_dirs=()):
-    """``jobs.guarded`` for a job writing the datasets ``prefixes`` (named from ``output_prefix``,
+    """``coordination.guarded`` for a job writing the datasets ``prefixes`` (named from ``output_prefix``,
     in its directory) and using ``work_dirs`` there: one such job at a time, after what dead ones
     left there (temporary files, work directories being deleted) is cleared."""
     directory = os.path.dirname(os.path.abspath(output_prefix))

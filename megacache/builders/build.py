@@ -31,6 +31,7 @@ from ..algorithms.blend import (DEFAULT_SURPLUS, DEFAULT_WARMUP, blend_chunk, bl
                                 build_exhaustive_blending_indices, find_oversampling,
                                 first_unconfirmed_chunk, guess_counts, normalize, repair_chunk,
                                 unweighted_blend_size)
+from ..algorithms.checks import integer
 from ..algorithms.splits import split_matrix
 from ..megatron.blends import Blend
 from ..comm import Comm, get_comm
@@ -39,7 +40,7 @@ from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry, existing
 from .publish import publish_entries, read_manifest, update_manifest
 from ..formats.npy import NpyWriter, read_npy_header
 from ..fsio import remove_quietly, sync_filesystems, tmp_path, write_atomic
-from ..jobs import ALL, guarded, tidy
+from ..coordination import ALL, guarded, tidy
 from ..megatron.sequences import default_path, sequences_json
 from ..megatron.training import DEFAULT_SPLIT
 from ..megatron.versions import resolve
@@ -142,8 +143,8 @@ def _check_sizes(cfg: BuildConfig) -> None:
     if len(cfg.sizes) != 3:
         raise MegacacheError(f"sizes must give train, valid and test, got {cfg.sizes!r}")
     for name, n in zip(SPLIT_NAMES, cfg.sizes):
-        if n is not None and (not isinstance(n, (int, np.integer)) or n < 0):
-            raise MegacacheError(f"the {name} sample count must be a non-negative integer, got {n!r}")
+        if n is not None:
+            integer(f"the {name} sample count", n)
     if not 0 <= cfg.surplus < 1e6:  # NaN fails this too
         raise MegacacheError(f"mid_level_dataset_surplus must be >= 0, got {cfg.surplus!r}")
 
@@ -319,13 +320,9 @@ class Blending:
         counts = self._counts
         for b in self.chunked:
             counts[b.index] = self._repair(b, self._speculated[b.index])
-        error = None
-        try:
+        with comm.agreed("syncing the blend files"):
             if self.todo:  # this rank's blend writes durable before rank 0 publishes (other nodes too)
                 sync_filesystems([self.cfg.cache_dir])
-        except OSError as exc:
-            error = exc
-        comm.check(error, "syncing the blend files")
         for part in comm.allgather({k: v for k, v in counts.items() if self.owners.get(k) == comm.rank}):
             counts.update(part)
         for b in self.todo:
@@ -501,7 +498,7 @@ def _manifest_records(items: list, version: str) -> dict[str, dict[str, dict]]:
 def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     """Build every missing cache entry of ``cfg`` with all ranks of ``comm``.
 
-    One job at a time builds into a cache directory (``jobs.guarded``): a job that finds another
+    One job at a time builds into a cache directory (``coordination.guarded``): a job that finds another
     building the same directory waits, then reuses what that one built."""
     comm = comm or get_comm()
     t0 = time.monotonic()
@@ -570,13 +567,9 @@ def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: Pha
             timer.mark("blend_wait")
         timer.since = time.monotonic()
         guard.enter("publish")
-        error = None
-        try:
+        with comm.agreed("publishing the GPTDataset caches"):
             guard.check_held()
             gpt.publish()
-        except Exception as exc:
-            error = exc
-        comm.check(error, "publishing the GPTDataset caches")
         comm.on_root(blending.publish, "publishing the blend caches")
 
         def write_manifests() -> None:

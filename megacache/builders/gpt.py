@@ -39,6 +39,7 @@ from ..algorithms.gpt_index import (GPTIndexPlan, build_document_index, build_sa
 from ..algorithms.permutation import MT19937
 from ..algorithms.splits import split_ranges
 from ..comm import Comm
+from ..algorithms.checks import integer
 from ..errors import MegacacheError
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
 from .publish import publish_entries
@@ -74,8 +75,7 @@ class GPTSettings:
         return self.cache_dir if self.cache_dir is not None else default_cache_dir(data_path)
 
     def validate(self) -> None:
-        if not isinstance(self.seq_length, int) or self.seq_length < 1:
-            raise MegacacheError(f"--seq-length must be a positive integer, got {self.seq_length!r}")
+        integer("--seq-length", self.seq_length, 1)
         if not 0 <= self.seed <= UINT32_MAX:
             raise MegacacheError(f"--seed {self.seed} is outside numpy's RandomState range [0, 2**32-1]")
 
@@ -158,15 +158,11 @@ def array_shapes(plan: GPTIndexPlan) -> dict[str, tuple[np.dtype, tuple]]:
 def open_datasets(prefixes, comm: Comm) -> dict[str, IndexedDataset]:
     """Every distinct prefix opened (memory-mapped) on every rank; errors agreed collectively."""
     datasets: dict[str, IndexedDataset] = {}
-    error = None
-    try:
+    with comm.agreed("opening the datasets"):
         for prefix in dict.fromkeys(prefixes):
             datasets[prefix] = IndexedDataset(prefix)
             if len(datasets[prefix]) == 0:
                 raise MegacacheError(f"{prefix}: the dataset has no sequences; there is nothing to sample")
-    except Exception as exc:
-        error = exc
-    comm.check(error, "opening the datasets")
     return datasets
 
 
@@ -184,8 +180,7 @@ def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[in
     starts = np.concatenate([[0], np.cumsum(sizes)])
     g0, g1 = even_slice(int(starts[-1]), comm.rank, comm.size)
     mine = []
-    error = None
-    try:
+    with comm.agreed("summing tokens per split"):
         first = int(np.searchsorted(starts, g0, side="right")) - 1
         for i in range(max(first, 0), len(keys)):
             if starts[i] >= g1:
@@ -195,9 +190,6 @@ def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[in
                 continue
             lengths = datasets[keys[i][0]].sequence_lengths[lows[i] + a: lows[i] + b]
             mine.append((i, *length_stats(lengths, lows[i] + a)))
-    except Exception as exc:
-        error = exc
-    comm.check(error, "summing tokens per split")
     stats = {key: (0, 0, 0) for key in keys}
     for part in comm.allgather(mine):
         for i, tokens, longest, checksum in part:
@@ -277,13 +269,9 @@ class GPTBuild:
             enter("document index")
             t = time.monotonic()
             futures: list[Future] = []
-            error = None
-            try:
+            with self.comm.agreed("building the document indices"):
                 for job in self.mine:
                     futures.append(self._document_index(job, pool))
-            except Exception as exc:
-                error = exc
-            self.comm.check(error, "building the document indices")
             phases["document_index"] = time.monotonic() - t
 
             enter("sample index")
@@ -293,17 +281,13 @@ class GPTBuild:
 
             enter("shuffle index")
             t = time.monotonic()
-            error = None
-            try:
+            with self.comm.agreed("building the shuffle indices"):
                 for f in futures:
                     f.result()
                 # Durable before anyone publishes: what this rank wrote, including rows in other
                 # ranks' files (their owners' sync would not cover another node's writes).
                 sync_filesystems({j.entry.directory for j in self.todo})
-            except Exception as exc:
-                error = exc
             phases["shuffle_index_wait"] = time.monotonic() - t
-        self.comm.check(error, "building the shuffle indices")
 
     def _document_index(self, job: GPTJob, pool: ThreadPoolExecutor) -> Future:
         """Shuffle the job's document index here; a small job's sample index follows at once, a
@@ -366,16 +350,12 @@ class GPTBuild:
         # pair the others' collectives with the wrong calls. So: local sums, agreement, one
         # allgather, then the rows.
         comm = self.comm
-        error = None
         sums = []
         pieces = self._pieces()
-        try:
+        with comm.agreed("summing tokens for the sample indices"):
             for job, p0, p1 in pieces:
                 document_index = load_npy(self.tmp[job.index, "document_index.npy"])[p0:p1]
                 sums.append(document_token_ends(self.datasets[job.data_path].sequence_lengths, document_index))
-        except Exception as exc:
-            error = exc
-        comm.check(error, "summing tokens for the sample indices")
         # Tokens before this rank's first piece: the pieces of the same job on lower ranks, each of
         # which is that rank's last piece.
         last = (pieces[-1][0].index, int(sums[-1][-1]) if len(sums[-1]) else 0) if pieces else None
@@ -383,12 +363,9 @@ class GPTBuild:
         for item in comm.allgather(last)[: comm.rank]:
             if item is not None and pieces and item[0] == pieces[0][0].index:
                 before += item[1]
-        try:
+        with comm.agreed("writing the sample indices"):
             for n, ((job, p0, p1), ends) in enumerate(zip(pieces, sums)):
                 self._write_sample_rows(job, p0, p1, ends, before if n == 0 else 0)
-        except Exception as exc:
-            error = exc
-        comm.check(error, "writing the sample indices")
 
     def _write_sample_rows(self, job: GPTJob, p0: int, p1: int, ends: np.ndarray, start: int) -> None:
         plan = job.plan

@@ -26,9 +26,9 @@ from ..errors import MegacacheError
 from ..formats.indexed import optimal_dtype
 from ..fsio import publish, read_json, remove_quietly, remove_tree, tmp_path, write_json_atomic, writing
 from ..inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
-from ..jobs import Guard
+from ..coordination import Guard
 from ..progress import Progress
-from ..tokenizers import Tokenizer, load_tokenizer
+from ..tokenization import Tokenizer, load_tokenizer
 from .assemble import Part, PartCounts, assemble, discard, guarded_output
 from .scheduling import contiguous_shares
 
@@ -222,14 +222,10 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
 
     paths, units = comm.on_root(plan, "planning the inputs")
 
-    tok = error = None
-    try:
+    with comm.agreed("loading the tokenizer"):
         tok = _load_tokenizer(cfg, cfg.threads or _default_threads(comm))
         if cfg.append_eod and tok.eod is None:
             raise MegacacheError(f"--append-eod: {tok.name} has no end-of-document token; pass --eod-id")
-    except Exception as exc:
-        error = exc
-    comm.check(error, "loading the tokenizer")
     dtype = optimal_dtype(tok.vocab_size)
 
     outputs = [cfg.output_path(k) for k in cfg.json_keys]
@@ -262,15 +258,10 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
     progress = Progress(os.path.join(cfg.work_dir, "progress"), comm.rank, comm.size, todo_bytes,
                         "tokenize", interval_s=cfg.progress_interval_s)
     guard.enter("tokenizing")
-    error = None
-    with progress:
-        try:
-            for unit in mine:
-                if unit.index not in reused:
-                    _tokenize_unit(cfg, unit, tok, dtype, progress, tag)
-        except Exception as exc:
-            error = exc
-    comm.check(error, "tokenizing")
+    with comm.agreed("tokenizing"), progress:
+        for unit in mine:
+            if unit.index not in reused:
+                _tokenize_unit(cfg, unit, tok, dtype, progress, tag)
     progress.finish()
 
     # Every unit's counts, in input order, on every rank; each rank reads only its own records.

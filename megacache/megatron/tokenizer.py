@@ -52,8 +52,8 @@ def _default_model_type(version: str) -> str:
     return "default-text" if at_least(version, "0.17") else "default"
 
 
-# Extra tokens megatron-core's build_tokenizer gives BertWordPieceCase in place of the user's.
-_BERT_CASED_EXTRA_TOKENS = [f"<extra_id_{i}>" for i in range(100)]
+#: the extra tokens megatron-core's build_tokenizer gives BertWordPieceCase in place of the user's
+BERT_CASED_EXTRA_TOKENS = tuple(f"<extra_id_{i}>" for i in range(100))
 # The special tokens megatron-core's tiktoken library requires among any that are given.
 _TIKTOKEN_REQUIRED_SPECIALS = ("<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>")
 # Megatron-LM's legacy TikTokenizer records the regular expression itself, not its name.
@@ -199,7 +199,7 @@ def _new_system(version: str, args: dict) -> dict:
         options.update(files, additional_special_tokens=special or [], **hf)
         return _new_identifiers(version, args, path, options)
     # GPT-2 and BERT: megatron-core's "megatron" library, named by the type.
-    extra = _BERT_CASED_EXTRA_TOKENS if kind == "BertWordPieceCase" else special or []
+    extra = list(BERT_CASED_EXTRA_TOKENS) if kind == "BertWordPieceCase" else special or []
     return _new_identifiers(version, args, kind, {"additional_special_tokens": extra, **files, **hf})
 
 

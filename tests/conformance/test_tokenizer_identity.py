@@ -3,7 +3,7 @@ for every supported megatron-core version.
 
 New system (every version): the oracle is each version's own ``build_tokenizer(args)`` (what
 ``pretrain_gpt.py`` calls) on an ``args`` with that version's Megatron-LM flag defaults, building real
-tokenizers from files trained here (tests/oracle_worker.py, in that version's interpreter).
+tokenizers from files trained here (tests/support/oracle_worker.py, in that version's interpreter).
 GPT2BPETokenizer and BertWordPiece* load the hub repos ``gpt2`` / ``bert-large-(un)cased`` (with the
 given vocab file); the oracle runs in a directory holding local folders of those names, which
 transformers prefers to the hub, so nothing is downloaded.
@@ -35,8 +35,8 @@ from megacache.megatron.tokenizer import (
     tokenizer_identifiers,
 )
 from megacache.megatron.versions import SUPPORTED
-from oracles import ask
-from tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
+from support.oracles import ask
+from support.tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
 
 # Megatron-LM arguments.py defaults of every flag megatron-core's build_tokenizer reads.
 MEGATRON_DEFAULTS = dict(
@@ -379,7 +379,7 @@ def test_identifiers_from_json(build, root, tmp_path):
 def test_megatron_cache_name_end_to_end(megatron, build, root, tmp_path):
     """A GPTDataset megatron-core builds with a real Hugging Face tokenizer caches under the name
     megacache computes from the flags; the description it writes gives the identifiers back."""
-    from oracle import load_mcore, megatron_splits, write_lengths
+    from support.oracle import load_mcore, megatron_splits, write_lengths
 
     flags = dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{root}/hf",
                  tokenizer_special_tokens=["<|tool|>"], tokenizer_hf_use_fast=True)

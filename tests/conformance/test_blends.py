@@ -9,15 +9,15 @@ import os
 import numpy as np
 import pytest
 
-from corpus import run_megacache
+from support.corpus import run_megacache
 from megacache.megatron.blends import Blend, blend_from_flags, parse_blend, read_per_split_data_args
 from megacache.api import BlendedSamples, BuildConfig, GPTSamples, build, open_cache
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import IndexLayout, IndexWriter
-from oracle import load_mcore, megatron_datasets, write_lengths
-from test_blend_build import megatron_build, torch_group
-from test_build import NULL_TOKENIZER, cache_files
+from support.oracle import load_mcore, megatron_datasets, write_lengths
+from support.sweeps import megatron_build, torch_group
+from support.sweeps import NULL_TOKENIZER, cache_files
 
 
 def test_words_parse_as_megatron_reads_them():
@@ -156,8 +156,12 @@ def check_cli_blends(tmp_path, ranks, prefixes, args_file, per_split, sizes, com
                                                ([prefixes[0], prefixes[2]], None)])
         ours = str(tmp_path / f"ours-{kind}-{ranks}")
         proc = run_megacache(ranks, "build", *data, *common, "--data-cache-path", ours)
-        assert "BlendedDataset" in proc.stdout or "blend" in proc.stdout
         assert cache_files(ours) == cache_files(theirs), kind
+        # the summary counts what megatron-core built: its entries, by class
+        built = {c: sum(n.endswith("description.txt") and f"-{c}-" in n for n in cache_files(theirs))
+                 for c in ("GPTDataset", "BlendedDataset")}
+        assert (f"{built['GPTDataset']} GPTDataset and {built['BlendedDataset']} BlendedDataset cache entries "
+                f"({sum(built.values())} built, the rest reused)") in proc.stdout, proc.stdout
 
 
 def test_open_cache_of_per_split_data_mixes_blends_and_single_prefixes(tmp_path):

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from corpus import free_port
+from support.corpus import free_port
 
 RANK_MAIN = r"""
 import json, os, sys

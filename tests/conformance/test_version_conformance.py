@@ -1,6 +1,6 @@
 """megacache build for megatron-core 0.19: the 200-configuration sweeps of test_build.py (one prefix)
 and test_blend_build.py (blends) against megatron-core 0.19.2 itself, in its own interpreter
-(tests/oracles.py), whole cache directories compared byte for byte at 1 rank here and at 2 and 3
+(tests/support/oracles.py), whole cache directories compared byte for byte at 1 rank here and at 2 and 3
 ranks under MPI. Each configuration hashes a tokenizer from a pool of real ones (Hugging Face with
 default and varied flags, Null, GPT-2, SentencePiece, tiktoken) that megatron-core builds with its
 own build_tokenizer and megacache derives from the same flags.
@@ -25,11 +25,11 @@ from megacache.builders.build import BuildConfig
 from megacache.comm import Comm, SingleComm, get_comm
 from megacache.fsio import write_atomic
 from megacache.megatron.tokenizer import tokenizer_identifiers
-from oracle import sweep_configurations, write_lengths
-from oracles import ask
-from test_blend_build import per_split_blends, random_blend_config, words
-from test_build import build_and_compare, random_config, would_hang
-from tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
+from support.oracle import sweep_configurations, write_lengths
+from support.oracles import ask
+from support.sweeps import per_split_blends, random_blend_config, words
+from support.sweeps import build_and_compare, random_config, would_hang
+from support.tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
 
 VERSION = "0.19"
 COUNT = 200

@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from megacache.sample import sample_documents, train_sample_tokenizer
+from megacache.sample_corpus import sample_documents, train_sample_tokenizer
 
 EDGE_DOCUMENTS = ["", " ", "a", "ünïcödé 東京 🙂", "tab\tseparated", "  leading and trailing  ", ""]
 

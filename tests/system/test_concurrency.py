@@ -14,14 +14,14 @@ import time
 import numpy as np
 import pytest
 
-from corpus import free_port
+from support.corpus import free_port
 from megacache.builders.build import BuildConfig, build
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
-from megacache.jobs import Lock, Monitor, guarded, post_mortem, stale_s, this_process
-from oracle import write_lengths
-from test_build import NULL_TOKENIZER, cache_files
-from test_crash_safety import build_args, build_sizes
+from megacache.coordination import Lock, Monitor, guarded, post_mortem, stale_s, this_process
+from support.oracle import write_lengths
+from support.sweeps import NULL_TOKENIZER, cache_files
+from support.sweeps import build_args, build_sizes
 
 ENV = dict(os.environ, PYTHONWARNINGS="ignore", MEGACACHE_HEARTBEAT_S="0.2")
 
@@ -60,7 +60,7 @@ def test_two_builds_started_together_end_with_one_correct_cache(tmp_path):
 
 
 def test_two_tokenizes_of_one_prefix_started_together(tmp_path):
-    from corpus import documents, write_jsonl
+    from support.corpus import documents, write_jsonl
 
     write_jsonl(str(tmp_path / "in.jsonl"), documents(3000, seed=4))
     prefix = str(tmp_path / "out")

@@ -18,8 +18,8 @@ from megacache.builders.build import BuildConfig, build
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.builders.publish import manifest_path
-from oracle import write_lengths
-from test_build import NULL_TOKENIZER, cache_files
+from support.oracle import write_lengths
+from support.sweeps import NULL_TOKENIZER, cache_files
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ import sys
 
 import numpy as np
 
-from corpus import free_port
-from oracle import write_lengths
+from support.corpus import free_port
+from support.oracle import write_lengths
 
 RANK_MAIN = r"""
 import json, os, sys, time, warnings
@@ -40,7 +40,7 @@ batches = torch.cat(list(loader)).numpy()
 indices = list(iter(sampler))
 
 sys.path.insert(0, spec["tests"])
-from oracle import megatron_splits, load_mcore
+from support.oracle import megatron_splits, load_mcore
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     mcore = load_mcore()
@@ -83,7 +83,7 @@ def test_rank_init_builds_once_then_opens_and_feeds_a_distributed_loader(tmp_pat
     cache = str(tmp_path / "cache")
     spec = {"prefix": prefix, "L": 32, "sizes": [900, 40, 10], "split": "90,8,2", "seed": 99, "cache": cache,
             "tokenizer": tokenizer_identifiers("NullTokenizer", vocab_size=1000), "out": str(tmp_path / "out"),
-            "tests": os.path.dirname(os.path.abspath(__file__))}
+            "tests": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     spec_path = str(tmp_path / "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)

@@ -3,7 +3,7 @@ interpreter; standalone: megatron-core, torch and numpy only): build the tokeniz
 flags, the datasets with BlendedMegatronDatasetBuilder against a cache directory, and report what it
 logged, which index files it mapped, and the samples it served (rank{R}.json / rank{R}.npz).
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/megatron_rank.py SPEC.json
+    python -m torch.distributed.run --nproc_per_node 2 tests/support/megatron_rank.py SPEC.json
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from megacache.comm import SingleComm
 from megacache.errors import FormatError, MegacacheError
 from megacache.megatron.cache import CacheEntry, gpt_identifiers
 from megacache.formats.npy import load_npy
-from megacache.tokenizers import load_tokenizer
-from oracle import write_lengths
-from test_build import NULL_TOKENIZER
+from megacache.tokenization import load_tokenizer
+from support.oracle import write_lengths
+from support.sweeps import NULL_TOKENIZER
 
 
 class Payload:
@@ -66,7 +66,7 @@ def test_created_files_honour_the_umask(tmp_path, umask, mode):
 def test_code_shipped_with_a_tokenizer_is_never_run(tmp_path):
     """A Hugging Face directory whose config asks for its own Python class (``auto_map``, which
     transformers runs only with trust_remote_code): refused, and the module never imported."""
-    from corpus import train_bpe
+    from support.corpus import train_bpe
 
     model = tmp_path / "model"
     model.mkdir()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 START = "run slurm/start_single_node.sh (as root) to install and start a one-node Slurm"
 # The README's sample flags, with a split that leaves every split non-empty for 400 documents; its
 # spaces check that BUILD_ARGS keeps a quoted argument whole on its way through the batch script.

@@ -13,60 +13,16 @@ from megacache.builders.build import BuildConfig, build
 from megacache.megatron.training import split_sizes
 from megacache.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
-from megacache.megatron.tokenizer import tokenizer_identifiers
-from oracle import load_mcore, megatron_splits, random_lengths, sweep_configurations, write_lengths
-
-# What megatron-core's tokenizer for --tokenizer-type NullTokenizer --vocab-size 1000 identifies as
-# (the oracle uses that tokenizer; megacache derives its identifiers from the flags alone).
-NULL_TOKENIZER = tokenizer_identifiers("NullTokenizer", vocab_size=1000)
-
-SPLITS = ["969, 30, 1", "969,30,1", "90,5,5", "99,1,0", "1,1,1", "100,0,0", "0,1,0", "1,1", "50,50",
-          "98,2", "7,2,1"]
+from support.oracle import load_mcore, megatron_splits, sweep_configurations, write_lengths
+from support.sweeps import NULL_TOKENIZER, build_and_compare, random_config, would_hang
 
 
-def random_config(rng: np.random.Generator) -> dict:
-    count = int(rng.integers(1, 3000))
-    lengths = random_lengths(rng, count)
-    if lengths.sum() == 0:
-        lengths[0] = 5
-    L = int(rng.choice([1, 2, 7, 16, 64, 300, 1000]))
-    x = int(rng.integers(0, 2))
-    tokens = int(lengths.sum())
-    sizes = []
-    for _ in range(3):
-        kind = rng.integers(0, 4)
-        # None (one epoch), 0, about one epoch, many epochs
-        sizes.append(None if kind == 0 else 0 if kind == 1 else
-                     int(rng.integers(1, max(2, tokens // L))) if kind == 2 else
-                     int(rng.integers(1, 30) * max(1, tokens // L)))
-    return dict(lengths=lengths, split=str(rng.choice(SPLITS)), sizes=sizes, L=L, x=x,
-                seed=int(rng.choice([0, 1234, 2**32 - 1, int(rng.integers(0, 2**32))])),
-                drop_last=bool(rng.integers(0, 2)))
 
 
-def cache_files(directory: str) -> dict[str, bytes]:
-    """Megatron's files in a cache directory (megacache's own state directory left out)."""
-    if not os.path.isdir(directory):
-        return {}
-    return {e.name: open(e.path, "rb").read() for e in sorted(os.scandir(directory), key=lambda e: e.name)
-            if e.is_file()}
 
 
-def build_and_compare(cfg, comm, theirs: str, refuse: bool):
-    """megacache refuses what megatron-core refused (None); else its cache directory equals
-    megatron-core's, file for file, byte for byte (the result)."""
-    if refuse:
-        with pytest.raises(MegacacheError):
-            build(cfg, comm)
-        return None
-    result = build(cfg, comm)
-    if comm.rank == 0:
-        ours, reference = cache_files(cfg.cache_dir), cache_files(theirs)
-        assert sorted(ours) == sorted(reference), set(ours) ^ set(reference)
-        for name in reference:
-            assert ours[name] == reference[name], name
-    comm.barrier()
-    return result
+
+
 
 
 def megatron_cache(mcore, prefix: str, c: dict, cache: str) -> None | str:
@@ -79,17 +35,6 @@ def megatron_cache(mcore, prefix: str, c: dict, cache: str) -> None | str:
     return None
 
 
-def would_hang(c: dict) -> bool:
-    """megatron-core loops forever when a split has no tokens and an integer sample count asks for
-    any (§2.9): an empty range, or a range of empty sequences."""
-    from megacache.algorithms.splits import split_matrix, split_ranges
-
-    ranges = split_ranges(split_matrix(c["split"]), len(c["lengths"]))
-    for rng, size in zip(ranges, c["sizes"]):
-        if rng is not None and size is not None and c["lengths"][rng[0]:rng[1]].sum() == 0:
-            if size * c["L"] + c["x"] > 0:
-                return True
-    return False
 
 
 def run_both(mcore, comm, workdir: str, c: dict) -> str:

@@ -21,18 +21,17 @@ import numpy as np
 import pytest
 
 from conftest import REPORTS
-from corpus import documents, write_jsonl
+from support.corpus import documents, write_jsonl
 from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig, build
-from megacache.megatron.training import split_sizes
 from megacache.builders.tokenize import TokenizeConfig, tokenize
 from megacache.comm import SingleComm
 from megacache.fsio import STATE_DIR, TMP_MARK
-from oracle import write_lengths
-from test_build import NULL_TOKENIZER
+from support.oracle import write_lengths
+from support.sweeps import build_args, build_sizes
+from support.sweeps import NULL_TOKENIZER
 
 TRIALS = int(os.environ.get("MEGACACHE_FAULT_TRIALS", "20"))
-TOKENIZER_FLAGS = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
 
 
 @dataclass
@@ -178,15 +177,8 @@ def tokenize_workload(tmp) -> tuple[Workload, dict[str, bytes]]:
     return wl, reference
 
 
-def build_args(cache: str, data: list[str], L: int, samples: int) -> list[str]:
-    return ["build", "--data-path", *data, "--seq-length", str(L), "--train-samples", str(samples),
-            "--global-batch-size", "8", "--eval-iters", "10", "--eval-interval", "1000", "--data-cache-path", cache,
-            *TOKENIZER_FLAGS]
 
 
-def build_sizes(samples: int) -> tuple:
-    """The sizes ``build_args`` asks for."""
-    return split_sizes(train_samples=samples, global_batch_size=8, eval_iters=10, eval_interval=1000)
 
 
 def gpt_workload(tmp) -> tuple[Workload, dict[str, bytes]]:

@@ -15,6 +15,9 @@ def test_single_process_collectives():
     assert comm.allreduce(3) == 3
     with pytest.raises(JobFailed, match="rank 0: boom"):
         comm.check(ValueError("boom"), "testing")
+    with pytest.raises(JobFailed, match="during agreeing:\n  rank 0: bang"):
+        with comm.agreed("agreeing"):
+            raise ValueError("bang")
 
 
 def test_launcher_detection():
@@ -55,3 +58,17 @@ def test_mpi_on_root_shares_result_and_error():
 
     with pytest.raises(Exception, match="no inputs match"):
         comm.on_root(fail, "planning")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mpi_agreed_block_fails_on_every_rank_when_one_raises():
+    comm = get_comm()
+    with comm.agreed("reading"):
+        value = comm.rank  # nothing raised anywhere: the block's effects stand
+    assert value == comm.rank
+    with pytest.raises(JobFailed) as exc:
+        with comm.agreed("writing"):
+            if comm.rank == 1:
+                raise OSError("disk full")
+    assert "rank 1: disk full" in str(exc.value) and "during writing" in str(exc.value)
+    assert comm.allgather("in step") == ["in step"] * comm.size  # and no rank is left behind

@@ -29,7 +29,7 @@ from megacache.algorithms.permutation import MT19937, random_interval, shuffle
 from megacache.algorithms.splits import parse_split, split_matrix, split_ranges
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import write_dataset
-from oracle import load_mcore, megatron_splits, random_lengths, write_lengths
+from support.oracle import load_mcore, megatron_splits, random_lengths, write_lengths
 
 @pytest.fixture(scope="session")
 def mcore(megatron):
@@ -279,11 +279,11 @@ def test_dtype_thresholds():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(sequence_length=0), "sequence_length must be >= 1"),
+        (dict(sequence_length=0), "sequence_length must be a positive integer, got 0"),
         (dict(sequence_length=2**31 - 1), "int32"),
         (dict(add_extra_token=2), "add_extra_token must be 0 or 1"),
-        (dict(num_samples=-1), "num_samples must be >= 0"),
-        (dict(num_samples=2.0), "num_samples must be an integer"),
+        (dict(num_samples=-1), "num_samples must be a non-negative integer, got -1"),
+        (dict(num_samples=2.0), "num_samples must be a non-negative integer, got 2.0"),
         (dict(tokens_per_epoch=1, num_samples=2**31, sequence_length=1), "int32"),
         (dict(tokens_per_epoch=0, num_samples=None, sequence_length=1), "no sample"),
     ],

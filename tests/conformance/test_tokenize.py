@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from corpus import (documents, file_bytes, megacache_cmd, megatron_reference, run_megacache,
+from support.corpus import (documents, file_bytes, megacache_cmd, megatron_reference, run_megacache,
                     train_bpe, write_input)
 
 

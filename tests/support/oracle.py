@@ -51,7 +51,7 @@ def megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache=N
         warnings.simplefilter("ignore")
         built = mcore.Builder(mcore.gpt.GPTDataset, sizes, lambda: True, config).build()
     if sequences_file:
-        from oracle_worker import write_sequences_file
+        from support.oracle_worker import write_sequences_file
 
         write_sequences_file(data.get("blend"), data.get("blend_per_split"),
                              os.path.join(path_to_cache, "sequences_per_dataset.json"))

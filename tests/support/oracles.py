@@ -1,7 +1,7 @@
 """Every supported megatron-core as an oracle, each in its own interpreter: 0.16.1 is the test
 environment's own (Python 3.11); 0.17.1, 0.18.2 and 0.19.2 live in the Python 3.12 environment that
 tests/megatron_oracles.sh builds (run_all.sh runs it). ``ask(version, request)`` runs
-tests/oracle_worker.py there."""
+tests/support/oracle_worker.py there."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from megacache.megatron.versions import SUPPORTED
 RELEASES = {"0.16": "0.16.1", "0.17": "0.17.1", "0.18": "0.18.2", "0.19": "0.19.2"}
 assert tuple(RELEASES) == SUPPORTED
 ROOT = os.environ.get("MEGACACHE_ORACLES", os.path.expanduser("~/.cache/megacache/megatron-oracles"))
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "oracle_worker.py")
+#: this folder: the scripts each oracle runs (oracle_worker.py, megatron_rank.py) live here
+SUPPORT = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(SUPPORT, "oracle_worker.py")
 
 
 def interpreter(version: str) -> tuple[str, dict]:

@@ -1,6 +1,6 @@
 """Acceptance (issues "megatron versions", "megacache build"): megatron-core's own
 BlendedMegatronDatasetBuilder, 0.16.1 and 0.19.2 each in its own interpreter, on two gloo ranks under
-torchrun (tests/megatron_rank.py), finds a megacache-built cache in a read-only directory, loads it
+torchrun (tests/support/megatron_rank.py), finds a megacache-built cache in a read-only directory, loads it
 on both ranks without building, and serves exactly the samples that megacache's arrays describe
 (megatron-compat.md §2.10): one prefix, a weighted blend, and per-split blends loaded with
 ``--dataloader-fast-cache-load``, ``--dataloader-defer-npy-index-mmap`` and the per-dataset
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from corpus import free_port
-from oracles import RELEASES, interpreter
-from tokenizer_files import write_tokenizer_files
+from support.corpus import free_port
+from support.oracles import RELEASES, SUPPORT, interpreter
+from support.tokenizer_files import write_tokenizer_files
 
 from megacache.api import BuildConfig, build, open_cache, split_sizes
 from megacache.megatron.blends import parse_blend
@@ -40,7 +40,7 @@ L = 64  # sequence length
 X = 1  # add_extra_token_to_sequence (megatron's default)
 SEED = 1234
 SPLIT = "90,8,2"
-VOCAB = 1000  # the oracle's null tokenizer (tests/oracle.py)
+VOCAB = 1000  # the oracle's null tokenizer (tests/support/oracle.py)
 RANKS = 2
 SAMPLES_PER_SPLIT = 50
 INDEX_ARRAYS = ("document_index", "sample_index", "shuffle_index")
@@ -80,10 +80,10 @@ def write_corpus(prefix: str, seed: int = 11) -> None:
 
 
 def run_ranks(version: str, spec_path: str, workdir: str) -> None:
-    """tests/megatron_rank.py on RANKS processes under torchrun, in megatron-core ``version``'s
+    """tests/support/megatron_rank.py on RANKS processes under torchrun, in megatron-core ``version``'s
     interpreter; fail with its output if any rank fails."""
     python, env = interpreter(version)
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "megatron_rank.py")
+    script = os.path.join(SUPPORT, "megatron_rank.py")
     log = os.path.join(workdir, "torchrun.log")
     with open(log, "w") as out:
         code = subprocess.run([python, "-m", "torch.distributed.run", f"--nproc_per_node={RANKS}",

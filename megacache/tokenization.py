@@ -12,7 +12,7 @@ applies, and then encode whole batches with its Rust backend (``tokenizers``), w
 ``transformers`` runs underneath (we refuse classes that tokenize in Python instead). Only the byte
 tokenizer needs neither library.
 
-What each tokenizer reports (all checked against megatron-core 0.16.1 in tests/test_tokenizers.py):
+What each tokenizer reports (all checked against megatron-core 0.16.1 in tests/conformance/test_tokenizers.py):
 
 * ``vocab_size`` = ``len(transformers tokenizer)``, i.e. with added tokens (Megatron's choice);
 * ``eod`` = the eos token, or the sep token when there is no eos (so ``[SEP]`` for BERT,
@@ -48,6 +48,7 @@ from operator import attrgetter
 import numpy as np
 
 from .errors import MegacacheError
+from .megatron.tokenizer import BERT_CASED_EXTRA_TOKENS, MEGATRON_TYPES
 
 #: The embedded byte tokenizer: ids 0..255 are UTF-8 bytes, EOD is 256.
 BYTE_EOD = 256
@@ -56,10 +57,8 @@ BYTE_VOCAB_SIZE = 257
 #: End-of-text special tokens, tried in order, when no configuration names an eos or sep token.
 CONVENTIONAL_EOD_TOKENS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "<|eos|>")
 
-#: Megatron's ``BertWordPieceCase`` adds these (megatron-core 0.16.1 ``build_tokenizer``).
-BERT_CASED_EXTRA_TOKENS = tuple(f"<extra_id_{i}>" for i in range(100))
-
-#: ``--tokenizer-type`` values of Megatron that we can reproduce, and those we cannot.
+#: ``--tokenizer-type`` values of Megatron whose ids ``tokenize`` reproduces; the rest of Megatron's
+#: types are refused.
 SUPPORTED_TYPES = (
     "HuggingFaceTokenizer",
     "GPT2BPETokenizer",
@@ -67,15 +66,7 @@ SUPPORTED_TYPES = (
     "BertWordPieceCase",
     "NullTokenizer",
 )
-UNSUPPORTED_TYPES = (
-    "SentencePieceTokenizer",
-    "GPTSentencePieceTokenizer",
-    "Llama2Tokenizer",
-    "TikTokenizer",
-    "MultimodalTokenizer",
-    "NullMultimodalTokenizer",
-    "SFTTokenizer",
-)
+UNSUPPORTED_TYPES = tuple(t for t in MEGATRON_TYPES if t not in SUPPORTED_TYPES)
 
 _SPEC_HELP = (
     "expected 'byte', a Hugging Face tokenizer.json file, a directory holding tokenizer.json or "

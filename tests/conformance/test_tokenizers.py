@@ -1,4 +1,4 @@
-"""megacache.tokenizers: the ids, EOD and vocab_size megatron-core 0.16.1's own tokenizers give for the
+"""megacache.tokenization: the ids, EOD and vocab_size megatron-core 0.16.1's own tokenizers give for the
 same files, on generated documents plus awkward ones; spec resolution and its errors; thread cap;
 throughput against the tokenizers library called directly.
 
@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 from megacache.errors import MegacacheError
-from megacache.tokenizers import BERT_CASED_EXTRA_TOKENS, load_tokenizer
+from megacache.megatron.tokenizer import BERT_CASED_EXTRA_TOKENS
+from megacache.tokenization import load_tokenizer
 
 SYLLABLES = ["ka", "to", "ri", "en", "the", "and", "ing", "ion", "er", "st", "qu", "pla", "mon", "lu",
              "ve", "sh", "ch", "or", "al", "is", "ne", "de", "ba", "co", "mi", "ght", "ous", "y"]
@@ -395,7 +396,7 @@ def test_bad_documents(files):
 THREADS = textwrap.dedent(
     """
     import os, sys, warnings
-    from megacache.tokenizers import load_tokenizer
+    from megacache.tokenization import load_tokenizer
     def threads():
         return len(os.listdir("/proc/self/task"))
     docs = ["some words to split, again and again"] * 4000

@@ -9,92 +9,30 @@ would."""
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
 
-from corpus import free_port
 from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig
 from megacache.comm import Comm, SingleComm, get_comm
-from oracle import load_mcore, megatron_datasets, sweep_configurations, write_lengths
-from test_build import NULL_TOKENIZER, build_and_compare
-
-#: splits whose every non-empty range holds >= 5 % of the sequences
-SPLITS = ["90,5,5", "1,1,1", "7,2,1", "95,5", "100,0,0", "80,20", "60,30,10"]
+from support.oracle import load_mcore, sweep_configurations, write_lengths
+from support.sweeps import (NULL_TOKENIZER, build_and_compare, megatron_build, per_split_blends, random_blend_config,
+                            torch_group, words)
 
 
-@contextmanager
-def torch_group():
-    """A one-process gloo group for the oracle (see the module docstring), destroyed afterwards so
-    that no later test mistakes this process for a torch.distributed job."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
-def random_weights(rng: np.random.Generator, n: int) -> list[float]:
-    kind = int(rng.integers(0, 5))
-    if kind == 0:
-        return rng.random(n).clip(1e-3).tolist()
-    if kind == 1:
-        return [1.0] * n
-    if kind == 2:
-        return [round(float(v), 1) for v in rng.integers(1, 10, n) / 10]  # decimals like 0.3
-    if kind == 3:
-        return [float(v) for v in rng.integers(1, 6, n)]  # integer ratios 3:1:2
-    return rng.lognormal(0, 2, n).clip(1e-4).tolist()
 
 
-def random_blend_config(rng: np.random.Generator, huge: bool = False) -> dict:
-    n = 2000 if huge else int(rng.choice([2, 2, 3, 4, 5, 8, 12, 24]))
-    datasets = []
-    for _ in range(n):
-        count = int(rng.integers(20, 60)) if n > 100 else int(rng.integers(20, 400))
-        lengths = rng.integers(1, int(rng.choice([8, 64, 400])), count).astype(np.int32)
-        datasets.append(lengths)
-    L = int(rng.choice([1, 4, 16, 50, 128]))
-    scale = 10 ** float(rng.uniform(1, 7 if n <= 5 else 5 if n <= 40 else 3))
-    sizes = [int(scale), int(scale * rng.uniform(0, 0.1)), int(scale * rng.uniform(0, 0.02))]
-    weighted = rng.random() < 0.7
-    per_split = rng.random() < 0.2
-    if not weighted and rng.random() < 0.3:
-        sizes[int(rng.integers(0, 3))] = None  # exhaustive blending for that split
-    return dict(datasets=datasets, weights=random_weights(rng, n) if weighted else None,
-                split="100,0,0" if huge else str(rng.choice(SPLITS)), sizes=sizes, L=L, x=int(rng.integers(0, 2)),
-                seed=int(rng.integers(0, 2**32)), drop_last=bool(rng.integers(0, 2)), per_split=per_split)
 
 
-def words(prefixes: list[str], weights) -> list[str]:
-    if weights is None:
-        return list(prefixes)
-    return [w for pair in zip(map(repr, weights), prefixes) for w in pair]
 
 
-def per_split_blends(c: dict, prefixes: list[str]) -> list:
-    """Per-split data: train takes every prefix, valid the first half, test one prefix (or none)."""
-    half = max(2, len(prefixes) // 2)
-    w = c["weights"]
-    return [(prefixes, w), (prefixes[:half], None if w is None else w[:half]),
-            None if c["sizes"][2] is None else (prefixes[-1:], None if w is None else w[-1:])]
 
 
-def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
-    """megatron-core builds and saves every cache (in a torch_group); None, or why it refuses."""
-    if c["per_split"]:
-        data = dict(blend_per_split=per_split_blends(c, prefixes))
-    else:
-        data = dict(blend=(prefixes, c["weights"]), split=c["split"])
-    try:
-        megatron_datasets(mcore, c["sizes"], c["seed"], c["L"], c["x"], c["drop_last"], cache, True, **data)
-    except Exception as exc:  # megacache must refuse these too
-        return f"{type(exc).__name__}: {exc}"
-    return None
+
 
 
 def our_config(c: dict, prefixes: list[str], cache: str, **tuning) -> BuildConfig:

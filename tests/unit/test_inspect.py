@@ -8,14 +8,14 @@ import os
 import numpy as np
 import pytest
 
-from corpus import run_megacache
+from support.corpus import run_megacache
 from megacache.api import BuildConfig, build
 from megacache.megatron.blends import parse_blend
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.npy import load_npy
-from megacache.inspect import inspect_cache, inspect_dataset, inspect_path
-from oracle import write_lengths
+from megacache.inspection import inspect_cache, inspect_dataset, inspect_path
+from support.oracle import write_lengths
 
 LENGTHS = [3, 0, 5, 0, 7, 1, 12, 4, 9, 2] * 8  # 80 sequences, 16 empty, 344 tokens
 SETTINGS = dict(seq_length=8, sizes=(50, 5, 2), tokenizer={"class": "t"}, split="80,10,10")

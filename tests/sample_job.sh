@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The main job end to end on the bundled sample corpus, 2 MPI ranks: write the corpus, tokenize it,
+# build the Megatron cache, verify both. Outputs under sample_out/ (or the directory given).
+set -euo pipefail
+OUT="${1:-sample_out}"
+megacache sample-corpus --output-dir "$OUT/corpus"
+mpiexec -n 2 megacache tokenize --input "$OUT/corpus" --output-prefix "$OUT/sample" --append-eod
+mpiexec -n 2 megacache build --data-path "$OUT/sample_text_document" --seq-length 256 --train-iters 500 \
+    --global-batch-size 8 --eval-iters 5 --eval-interval 100 --tokenizer-type NullTokenizer --vocab-size 257 \
+    --data-cache-path "$OUT/cache"
+megacache verify "$OUT/sample_text_document" "$OUT/cache" --vocab-size 257

@@ -1,0 +1,176 @@
+"""The conformance sweeps' shared pieces: random configurations (one prefix, blends), megatron-core
+building them (the oracle), and megacache building the same and comparing whole cache directories;
+the build command line of the system tests."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from megacache.builders.build import build
+from megacache.errors import MegacacheError
+from megacache.megatron.tokenizer import tokenizer_identifiers
+from megacache.megatron.training import split_sizes
+from support.corpus import free_port
+from support.oracle import megatron_datasets, random_lengths
+
+
+# What megatron-core's tokenizer for --tokenizer-type NullTokenizer --vocab-size 1000 identifies as
+# (the oracle uses that tokenizer; megacache derives its identifiers from the flags alone).
+NULL_TOKENIZER = tokenizer_identifiers("NullTokenizer", vocab_size=1000)
+
+
+SPLITS = ["969, 30, 1", "969,30,1", "90,5,5", "99,1,0", "1,1,1", "100,0,0", "0,1,0", "1,1", "50,50",
+          "98,2", "7,2,1"]
+
+
+def random_config(rng: np.random.Generator) -> dict:
+    count = int(rng.integers(1, 3000))
+    lengths = random_lengths(rng, count)
+    if lengths.sum() == 0:
+        lengths[0] = 5
+    L = int(rng.choice([1, 2, 7, 16, 64, 300, 1000]))
+    x = int(rng.integers(0, 2))
+    tokens = int(lengths.sum())
+    sizes = []
+    for _ in range(3):
+        kind = rng.integers(0, 4)
+        # None (one epoch), 0, about one epoch, many epochs
+        sizes.append(None if kind == 0 else 0 if kind == 1 else
+                     int(rng.integers(1, max(2, tokens // L))) if kind == 2 else
+                     int(rng.integers(1, 30) * max(1, tokens // L)))
+    return dict(lengths=lengths, split=str(rng.choice(SPLITS)), sizes=sizes, L=L, x=x,
+                seed=int(rng.choice([0, 1234, 2**32 - 1, int(rng.integers(0, 2**32))])),
+                drop_last=bool(rng.integers(0, 2)))
+
+
+def cache_files(directory: str) -> dict[str, bytes]:
+    """Megatron's files in a cache directory (megacache's own state directory left out)."""
+    if not os.path.isdir(directory):
+        return {}
+    return {e.name: open(e.path, "rb").read() for e in sorted(os.scandir(directory), key=lambda e: e.name)
+            if e.is_file()}
+
+
+def build_and_compare(cfg, comm, theirs: str, refuse: bool):
+    """megacache refuses what megatron-core refused (None); else its cache directory equals
+    megatron-core's, file for file, byte for byte (the result)."""
+    if refuse:
+        with pytest.raises(MegacacheError):
+            build(cfg, comm)
+        return None
+    result = build(cfg, comm)
+    if comm.rank == 0:
+        ours, reference = cache_files(cfg.cache_dir), cache_files(theirs)
+        assert sorted(ours) == sorted(reference), set(ours) ^ set(reference)
+        for name in reference:
+            assert ours[name] == reference[name], name
+    comm.barrier()
+    return result
+
+
+def would_hang(c: dict) -> bool:
+    """megatron-core loops forever when a split has no tokens and an integer sample count asks for
+    any (§2.9): an empty range, or a range of empty sequences."""
+    from megacache.algorithms.splits import split_matrix, split_ranges
+
+    ranges = split_ranges(split_matrix(c["split"]), len(c["lengths"]))
+    for rng, size in zip(ranges, c["sizes"]):
+        if rng is not None and size is not None and c["lengths"][rng[0]:rng[1]].sum() == 0:
+            if size * c["L"] + c["x"] > 0:
+                return True
+    return False
+
+
+#: splits whose every non-empty range holds >= 5 % of the sequences
+BLEND_SPLITS = ["90,5,5", "1,1,1", "7,2,1", "95,5", "100,0,0", "80,20", "60,30,10"]
+
+
+@contextmanager
+def torch_group():
+    """A one-process gloo group for the oracle: megatron-core 0.16.1 saves a blend's cache only under
+    a process group (its BlendedDataset asks for the rank), as under a one-GPU torchrun. Destroyed
+    afterwards so that no later test mistakes this process for a torch.distributed job."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", world_size=1, rank=0)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def random_weights(rng: np.random.Generator, n: int) -> list[float]:
+    kind = int(rng.integers(0, 5))
+    if kind == 0:
+        return rng.random(n).clip(1e-3).tolist()
+    if kind == 1:
+        return [1.0] * n
+    if kind == 2:
+        return [round(float(v), 1) for v in rng.integers(1, 10, n) / 10]  # decimals like 0.3
+    if kind == 3:
+        return [float(v) for v in rng.integers(1, 6, n)]  # integer ratios 3:1:2
+    return rng.lognormal(0, 2, n).clip(1e-4).tolist()
+
+
+def random_blend_config(rng: np.random.Generator, huge: bool = False) -> dict:
+    n = 2000 if huge else int(rng.choice([2, 2, 3, 4, 5, 8, 12, 24]))
+    datasets = []
+    for _ in range(n):
+        count = int(rng.integers(20, 60)) if n > 100 else int(rng.integers(20, 400))
+        lengths = rng.integers(1, int(rng.choice([8, 64, 400])), count).astype(np.int32)
+        datasets.append(lengths)
+    L = int(rng.choice([1, 4, 16, 50, 128]))
+    scale = 10 ** float(rng.uniform(1, 7 if n <= 5 else 5 if n <= 40 else 3))
+    sizes = [int(scale), int(scale * rng.uniform(0, 0.1)), int(scale * rng.uniform(0, 0.02))]
+    weighted = rng.random() < 0.7
+    per_split = rng.random() < 0.2
+    if not weighted and rng.random() < 0.3:
+        sizes[int(rng.integers(0, 3))] = None  # exhaustive blending for that split
+    return dict(datasets=datasets, weights=random_weights(rng, n) if weighted else None,
+                split="100,0,0" if huge else str(rng.choice(BLEND_SPLITS)), sizes=sizes, L=L, x=int(rng.integers(0, 2)),
+                seed=int(rng.integers(0, 2**32)), drop_last=bool(rng.integers(0, 2)), per_split=per_split)
+
+
+def words(prefixes: list[str], weights) -> list[str]:
+    if weights is None:
+        return list(prefixes)
+    return [w for pair in zip(map(repr, weights), prefixes) for w in pair]
+
+
+def per_split_blends(c: dict, prefixes: list[str]) -> list:
+    """Per-split data: train takes every prefix, valid the first half, test one prefix (or none)."""
+    half = max(2, len(prefixes) // 2)
+    w = c["weights"]
+    return [(prefixes, w), (prefixes[:half], None if w is None else w[:half]),
+            None if c["sizes"][2] is None else (prefixes[-1:], None if w is None else w[-1:])]
+
+
+def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
+    """megatron-core builds and saves every cache (in a torch_group); None, or why it refuses."""
+    if c["per_split"]:
+        data = dict(blend_per_split=per_split_blends(c, prefixes))
+    else:
+        data = dict(blend=(prefixes, c["weights"]), split=c["split"])
+    try:
+        megatron_datasets(mcore, c["sizes"], c["seed"], c["L"], c["x"], c["drop_last"], cache, True, **data)
+    except Exception as exc:  # megacache must refuse these too
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+TOKENIZER_FLAGS = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
+
+
+def build_args(cache: str, data: list[str], L: int, samples: int) -> list[str]:
+    return ["build", "--data-path", *data, "--seq-length", str(L), "--train-samples", str(samples),
+            "--global-batch-size", "8", "--eval-iters", "10", "--eval-interval", "1000", "--data-cache-path", cache,
+            *TOKENIZER_FLAGS]
+
+
+def build_sizes(samples: int) -> tuple:
+    """The sizes ``build_args`` asks for."""
+    return split_sizes(train_samples=samples, global_batch_size=8, eval_iters=10, eval_interval=1000)
