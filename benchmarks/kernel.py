@@ -1,5 +1,5 @@
 """megacache's blend alone, on every rank of the job: the chunk protocol of
-``megacache.algorithms.blend`` (each rank blends its even share from guessed start counts, the
+``megacache.algorithms.blend_chunks`` (each rank blends its even share from guessed start counts, the
 chunks are then confirmed or repaired in order), each rank writing its rows into
 ``OUT/dataset_index.npy`` and ``OUT/dataset_sample_index.npy`` (``numpy.save``'s bytes).
 ``megacache build`` runs the same protocol on cache entries; this drives it on bare arrays.
@@ -16,8 +16,9 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from megacache.algorithms.blend import blend_chunk, guess_counts
-from megacache.builders.build import BLEND_ARRAYS, confirm_chunks
+from megacache.algorithms.blend_chunks import guess_counts
+from megacache.algorithms.blend_kernels import blend_chunk
+from megacache.builders.blend import BLEND_ARRAYS, confirm_chunks
 from megacache.builders.gpt import PhaseTimer
 from megacache.builders.scheduling import even_slice
 from megacache.comm import get_comm

@@ -148,7 +148,8 @@ def blend_surplus(work: str, prefixes: list[str], weights: np.ndarray, split: st
     no split's blend takes more samples from a dataset than it has, from megacache's plan of the
     build: small blends of many datasets need more (megatron-core raises IndexError and says to
     raise it). Both sides are given the same."""
-    from megacache.algorithms.blend import build_blending_indices, find_oversampling
+    from megacache.algorithms.blend_kernels import build_blending_indices
+    from megacache.algorithms.blend_sizes import find_oversampling
     from megacache.megatron.blends import parse_blend
     from megacache.builders.build import BuildConfig, plan
     from megacache.comm import SingleComm
@@ -248,7 +249,7 @@ def build_blend(work: str, suite: Suite, factor: float) -> Case:
 
 
 def blend_kernel(work: str, suite: Suite, factor: float) -> Case:
-    from megacache.algorithms.blend import normalize
+    from megacache.algorithms.blend_sizes import normalize
     from megacache.formats.npy import write_npy
 
     size, datasets = max(1000, int(1e8 * factor)), 1000

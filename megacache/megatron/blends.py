@@ -20,7 +20,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from ..algorithms.blend import MAX_DATASETS
+from ..algorithms.blend_sizes import MAX_DATASETS
 from ..errors import MegacacheError
 from ..megatron.cache import SPLIT_NAMES
 

@@ -11,23 +11,12 @@ import numba
 import numpy as np
 import pytest
 
-from megacache.algorithms import blend
-from megacache.algorithms.blend import (
-    MAX_DATASETS,
-    Oversample,
-    blend_chunk,
-    blend_split_sizes,
-    build_blending_indices,
-    build_blending_indices_chunked,
-    build_exhaustive_blending_indices,
-    find_oversampling,
-    first_unconfirmed_chunk,
-    guess_counts,
-    normalize,
-    repair_chunk,
-    size_per_split_per_dataset,
-    unweighted_blend_size,
-)
+from megacache.algorithms import blend_chunks, blend_kernels
+from megacache.algorithms.blend_chunks import (build_blending_indices_chunked, first_unconfirmed_chunk, guess_counts,
+                                               repair_chunk)
+from megacache.algorithms.blend_kernels import blend_chunk, build_blending_indices, build_exhaustive_blending_indices
+from megacache.algorithms.blend_sizes import (MAX_DATASETS, Oversample, blend_split_sizes, find_oversampling,
+                                              normalize, size_per_split_per_dataset, unweighted_blend_size)
 from megacache.errors import MegacacheError
 
 
@@ -188,7 +177,7 @@ def test_random_blends_match_megatron(mcore, seed, cases, max_size, budget):
         assert_same(build_blending_indices(weights, size), expected, what)
         assert_same(build_blending_indices(weights, size, reference=True), expected, what + " (reference)")
         bounds = random_bounds(rng, size)
-        warmups = [int(rng.choice([0, 1, 50, 1000, blend.DEFAULT_WARMUP])) for _ in bounds[1:]]
+        warmups = [int(rng.choice([0, 1, 50, 1000, blend_chunks.DEFAULT_WARMUP])) for _ in bounds[1:]]
         assert_same(run_chunked(weights, size, bounds, warmups, rng), expected, f"{what} chunks {bounds}")
 
 
@@ -222,11 +211,11 @@ def test_kernels_contain_no_fused_multiply_add():
     """numba compiles without fast-math, so LLVM may not contract w*t - c into an FMA; check the
     machine code (cached kernels cannot be disassembled, so compile the same functions afresh)."""
     w = np.full(300, 1 / 300)
-    slots = blend._Slots.build(w, np.full(300, np.inf), np.zeros(300, np.int64))
+    slots = blend_kernels._Slots.build(w, np.full(300, np.inf), np.zeros(300, np.int64))
     out = np.empty(10, np.int16), np.empty(10, np.int64)
     for kernel, args in [
-        (blend._scan_kernel, (w, np.zeros(300), np.full(300, np.inf), 0, *out)),
-        (blend._window_kernel, (*slots, 16, 0, *out)),
+        (blend_kernels._scan_kernel, (w, np.zeros(300), np.full(300, np.inf), 0, *out)),
+        (blend_kernels._window_kernel, (*slots, 16, 0, *out)),
     ]:
         fresh = numba.njit(nogil=True)(kernel.py_func)
         fresh(*args)

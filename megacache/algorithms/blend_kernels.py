@@ -1,7 +1,5 @@
-"""Megatron's dataset blending, bit-identical to megatron-core 0.16.1 (megatron-compat.md §4).
+"""Megatron's greedy blending kernels, bit-identical to megatron-core's helpers (megatron-compat.md §4).
 
-* Sizes: ``normalize``, ``size_per_split_per_dataset`` and ``blend_split_sizes`` (how many samples
-  each dataset builds and how long the blend is), ``unweighted_blend_size``.
 * ``build_blending_indices``: ``helpers_cpp.build_blending_indices``. At step s (t = max(s, 1)) the
   error of dataset d is ``fl(fl(w_d·t) - c_d)``; the largest error wins, ties go to the lowest
   index, and ``(d, c_d)`` is written before ``c_d`` grows. The kernels compute exactly that
@@ -9,9 +7,8 @@
   checks the machine code) and compare the results exactly.
 * ``build_exhaustive_blending_indices``: ``helpers_cpp.build_exhaustive_blending_indices`` (weights
   ``sizes/total``; a dataset drops out once it has given ``sizes[d]`` samples).
-* Chunks: ``guess_counts``, ``blend_chunk``, ``repair_chunk`` and ``first_unconfirmed_chunk``
-  compute [s0, s1) from a guessed state, exact by construction (see "Chunks" below).
-* ``find_oversampling``: Megatron's check that no dataset is asked for more samples than it has.
+* ``blend_chunk``: samples [s0, s1) of a blend from the counts at s0 (the primitive that
+  ``blend_chunks`` cuts a blend over ranks with).
 
 The fast kernel (used unless ``reference=True``) gives the same arrays with far less work:
 
@@ -30,10 +27,8 @@ The fast kernel (used unless ``reference=True``) gives the same arrays with far 
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numba
@@ -44,14 +39,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..errors import MegacacheError
+from .blend_sizes import MAX_DATASETS
 from .checks import integer
 
-#: dataset ids are written as int16; BlendedDataset asserts fewer than 32767 datasets
-MAX_DATASETS = 32766
-#: BlendedMegatronDatasetConfig.mid_level_dataset_surplus
-DEFAULT_SURPLUS = 0.005
-#: greedy steps a chunk's guessed start state is run for before the chunk (see guess_counts)
-DEFAULT_WARMUP = 200_000
 #: float64 counts are exact below this
 _MAX_COUNT = 2**53
 
@@ -66,76 +56,6 @@ _MARGIN = 2.0**-46
 _SCAN_DATASETS = 16
 # Count passes spent at most per window narrowing Q down.
 _BISECTIONS = 16
-
-
-# ---------------------------------------------------------------------------------------------
-# Sizes
-
-
-def normalize(weights: Sequence[float]) -> np.ndarray:
-    """Megatron's ``normalize``: float64 weights divided by their ``numpy.sum``.
-
-    The builder normalizes the blend weights once for the sizes and BlendedDataset normalizes
-    them again before blending, so the kernel weights of a weighted blend are
-    ``normalize(normalize(w))``, which can differ from ``normalize(w)`` in the last bit.
-    """
-    w = np.array(weights, dtype=np.float64)
-    return w / np.sum(w)
-
-
-def size_per_split_per_dataset(
-    normalized_weights: Sequence[float], target_sizes: Sequence[int], surplus: float = 0.0
-) -> np.ndarray:
-    """``_get_size_per_split_per_dataset``: int64[datasets, splits] of
-    ``ceil(ceil(size·w) · (1 + surplus))``.
-
-    Python computes ``int·float`` and ``int(ceil)·float`` in float64 exactly as numpy does here
-    (``ceil`` of a float64 is an integer-valued float64, so going through int changes nothing).
-    """
-    w = np.asarray(normalized_weights, dtype=np.float64)
-    if w.ndim != 1 or w.size == 0:
-        raise MegacacheError(f"blend weights must be a non-empty list of numbers, got {normalized_weights!r}")
-    if not np.isclose(np.sum(w), 1.0):
-        raise MegacacheError(
-            f"blend weights must be normalized (sum to 1), they sum to {np.sum(w)!r}: use normalize()"
-        )
-    sizes = []
-    for i, size in enumerate(target_sizes):
-        if size is None:
-            raise MegacacheError(
-                f"split {i} has weights but no size: a weighted blend needs a sample count for every split"
-            )
-        sizes.append(integer(f"split {i} size", size))
-    target = np.ceil(np.array(sizes, dtype=np.float64)[None, :] * w[:, None])
-    return np.ceil(target * (1.0 + surplus)).astype(np.int64)
-
-
-class BlendSizes(NamedTuple):
-    #: int64[datasets, splits]: num_samples each dataset's split is built with (target + surplus)
-    per_dataset: np.ndarray
-    #: int64[splits]: the BlendedDataset size of each split, the sum of ceil(size·w)
-    blend: np.ndarray
-
-
-def blend_split_sizes(
-    normalized_weights: Sequence[float], target_sizes: Sequence[int], surplus: float = DEFAULT_SURPLUS
-) -> BlendSizes:
-    """The builder's sizes for a weighted blend: each dataset is built with
-    ``ceil(ceil(size·w)·(1+surplus))`` samples and the blend has ``sum(ceil(size·w))``, which can
-    exceed the requested size (10 samples over three equal weights give 12)."""
-    target = size_per_split_per_dataset(normalized_weights, target_sizes)
-    buffer = size_per_split_per_dataset(normalized_weights, target_sizes, surplus)
-    return BlendSizes(buffer, target.sum(axis=0))
-
-
-def unweighted_blend_size(size: int | None, lengths: Sequence[int]) -> int | None:
-    """A blend without weights: every dataset is built for one epoch and blended by its length,
-    ``min(size, sum(lengths))`` samples, or exhaustively (None) when the split has no size."""
-    return None if size is None else min(int(size), int(np.sum(lengths, dtype=np.int64)))
-
-
-# ---------------------------------------------------------------------------------------------
-# Kernels
 
 
 @intrinsic
@@ -401,7 +321,7 @@ class _Slots(NamedTuple):
         return out
 
 
-def _check_weights(weights) -> np.ndarray:
+def check_weights(weights) -> np.ndarray:
     w = np.asarray(weights, dtype=np.float64)
     if w.ndim != 1 or not 1 <= w.shape[0] <= MAX_DATASETS:
         raise MegacacheError(
@@ -417,7 +337,7 @@ def _check_weights(weights) -> np.ndarray:
     return np.ascontiguousarray(w)
 
 
-def _check_outputs(out_dataset_index, out_dataset_sample_index) -> int:
+def check_outputs(out_dataset_index, out_dataset_sample_index) -> int:
     for name, arr, dtype in (
         ("dataset_index", out_dataset_index, np.int16),
         ("dataset_sample_index", out_dataset_sample_index, np.int64),
@@ -434,7 +354,7 @@ def _check_outputs(out_dataset_index, out_dataset_sample_index) -> int:
     return out_dataset_index.shape[0]
 
 
-def _check_start(start: int, counts: np.ndarray | None, num_datasets: int) -> np.ndarray:
+def check_start(start: int, counts: np.ndarray | None, num_datasets: int) -> np.ndarray:
     start = integer("chunk start", start)
     if counts is None:
         if start:
@@ -455,7 +375,7 @@ def _check_start(start: int, counts: np.ndarray | None, num_datasets: int) -> np
     return counts
 
 
-def _run(
+def blend_range(
     weights: np.ndarray,
     caps: np.ndarray,
     start: int,
@@ -483,6 +403,25 @@ def _run(
     return slots.counts()
 
 
+def blend_chunk(
+    weights: Sequence[float],
+    start: int,
+    start_counts: np.ndarray | None,
+    out_dataset_index: np.ndarray,
+    out_dataset_sample_index: np.ndarray,
+    *,
+    reference: bool = False,
+) -> np.ndarray:
+    """Blend samples [start, start + len(out)) into the given arrays (views of memory maps work)
+    from ``start_counts`` (int64[D], samples per dataset before ``start``; None at 0). Returns
+    the counts at the end of the chunk."""
+    w = check_weights(weights)
+    check_outputs(out_dataset_index, out_dataset_sample_index)
+    counts = check_start(start, start_counts, w.shape[0])
+    caps = np.full(w.shape[0], np.inf)
+    return blend_range(w, caps, int(start), counts, out_dataset_index, out_dataset_sample_index, reference)
+
+
 def build_blending_indices(
     weights: Sequence[float], size: int, *, reference: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -492,7 +431,7 @@ def build_blending_indices(
     ``weights`` are used as given (BlendedDataset passes normalized ones). ``reference=True`` runs
     the helpers' plain loop instead of the fast kernel (same output).
     """
-    w = _check_weights(weights)
+    w = check_weights(weights)
     size = integer("blend size", size)
     idx = np.empty(size, dtype=np.int16)
     sidx = np.empty(size, dtype=np.int64)
@@ -522,202 +461,5 @@ def build_exhaustive_blending_indices(
     weights = sizes.astype(np.float64) / np.float64(total)
     idx = np.empty(total, dtype=np.int16)
     sidx = np.empty(total, dtype=np.int64)
-    _run(weights, sizes.astype(np.float64), 0, np.zeros_like(sizes), idx, sidx, reference)
+    blend_range(weights, sizes.astype(np.float64), 0, np.zeros_like(sizes), idx, sidx, reference)
     return idx, sidx
-
-
-# ---------------------------------------------------------------------------------------------
-# Chunks
-#
-# Samples [s0, s1) of a blend depend only on the weights and the counts at s0. A distributed
-# build gives chunk i to rank i, which
-#   1. guesses its start counts with guess_counts(weights, s_i) (exact for s_i <= warmup, so the
-#      first chunk is exact), and runs blend_chunk from them into its slice of the outputs;
-#   2. allgathers (start, end) counts of all chunks (2·P·D int64);
-#   3. first_unconfirmed_chunk(starts, ends) finds the first chunk i whose guess differs from the
-#      end of chunk i-1 (None: every chunk is right). Rank i runs repair_chunk from ends[i-1];
-#      set starts[i] = ends[i-1] and ends[i] = the repaired end, share them, and repeat.
-# A wrong guess usually merges with the true trajectory within a few thousand steps, after which
-# the speculative output is already right, so a repair rarely recomputes much; and since a repair
-# always starts from the true state, the result is exact whatever the guesses were.
-
-
-def blend_chunk(
-    weights: Sequence[float],
-    start: int,
-    start_counts: np.ndarray | None,
-    out_dataset_index: np.ndarray,
-    out_dataset_sample_index: np.ndarray,
-    *,
-    reference: bool = False,
-) -> np.ndarray:
-    """Blend samples [start, start + len(out)) into the given arrays (views of memory maps work)
-    from ``start_counts`` (int64[D], samples per dataset before ``start``; None at 0). Returns
-    the counts at the end of the chunk."""
-    w = _check_weights(weights)
-    _check_outputs(out_dataset_index, out_dataset_sample_index)
-    counts = _check_start(start, start_counts, w.shape[0])
-    caps = np.full(w.shape[0], np.inf)
-    return _run(w, caps, int(start), counts, out_dataset_index, out_dataset_sample_index, reference)
-
-
-def guess_counts(weights: Sequence[float], start: int, warmup: int = DEFAULT_WARMUP) -> np.ndarray:
-    """A guess at the counts at sample ``start`` from the weights alone: exact (the greedy run
-    from zero) when ``start <= warmup``; otherwise the largest-remainder apportionment of
-    ``start - warmup`` samples, then ``warmup`` greedy steps, which usually lands on the true state."""
-    w = _check_weights(weights)
-    start = integer("chunk start", start)
-    begin = max(0, start - integer("warmup", warmup))
-    counts = _largest_remainder(w, begin)
-    steps = start - begin
-    caps = np.full(w.shape[0], np.inf)
-    return _run(w, caps, begin, counts, np.empty(steps, np.int16), np.empty(steps, np.int64), False)
-
-
-def _largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
-    """``total`` samples apportioned by weight: floors, then one more to the largest fractional
-    parts, ties to the lowest index (which keeps equal-weight datasets in the greedy's shape)."""
-    if total == 0:
-        return np.zeros(weights.shape[0], dtype=np.int64)
-    share = weights / weights.sum() * total
-    counts = np.floor(share).astype(np.int64)
-    frac = share - counts
-    rest = total - int(counts.sum())
-    D = weights.shape[0]
-    if rest > 0:
-        counts += rest // D
-        counts[np.lexsort((np.arange(D), -frac))[: rest % D]] += 1
-    elif rest < 0:
-        # rounding gave too many: take them back from the smallest fractions, highest index first
-        order = np.lexsort((-np.arange(D), frac))
-        order = order[counts[order] > 0]
-        counts[order[:-rest]] -= 1
-    return counts
-
-
-class Repair(NamedTuple):
-    #: true counts at the end of the chunk
-    end_counts: np.ndarray
-    #: samples rewritten from the start of the chunk (0: the guess was right)
-    recomputed: int
-
-
-def repair_chunk(
-    weights: Sequence[float],
-    start: int,
-    true_start_counts: np.ndarray,
-    guessed_start_counts: np.ndarray,
-    guessed_end_counts: np.ndarray,
-    out_dataset_index: np.ndarray,
-    out_dataset_sample_index: np.ndarray,
-) -> Repair:
-    """Make a chunk computed by ``blend_chunk`` from ``guessed_start_counts`` (with end
-    ``guessed_end_counts``) exact, given the true counts at its start.
-
-    Recomputes in doubling segments from the true state and stops as soon as the true and the
-    speculative counts agree: both runs are then in the same state, so the rest of the chunk is
-    already right and its end is ``guessed_end_counts``."""
-    w = _check_weights(weights)
-    length = _check_outputs(out_dataset_index, out_dataset_sample_index)
-    D = w.shape[0]
-    true = _check_start(start, true_start_counts, D)
-    diff = true - _check_start(start, guessed_start_counts, D)
-    guessed_end = _check_start(start + length, guessed_end_counts, D)
-    caps = np.full(D, np.inf)
-    state = true
-    done = 0
-    segment = 4096
-    while diff.any() and done < length:
-        stop = min(length, done + segment)
-        speculative = np.bincount(out_dataset_index[done:stop], minlength=D)
-        state = _run(
-            w,
-            caps,
-            int(start) + done,
-            state,
-            out_dataset_index[done:stop],
-            out_dataset_sample_index[done:stop],
-            False,
-        )
-        diff += np.bincount(out_dataset_index[done:stop], minlength=D) - speculative
-        done = stop
-        segment *= 2
-    return Repair(guessed_end if not diff.any() else state, done)
-
-
-def first_unconfirmed_chunk(
-    start_counts: Sequence[np.ndarray], end_counts: Sequence[np.ndarray]
-) -> int | None:
-    """The first chunk i >= 1 whose start counts differ from the end counts of chunk i-1, or None
-    when every guess is confirmed (chunk 0 must start from exact counts)."""
-    if len(start_counts) != len(end_counts):
-        raise ValueError(f"{len(start_counts)} start states for {len(end_counts)} chunks")
-    for i in range(1, len(start_counts)):
-        if not np.array_equal(end_counts[i - 1], start_counts[i]):
-            return i
-    return None
-
-
-def build_blending_indices_chunked(
-    weights: Sequence[float],
-    size: int,
-    boundaries: Sequence[int],
-    warmup: int = DEFAULT_WARMUP,
-    max_workers: int = 1,
-) -> tuple[np.ndarray, np.ndarray]:
-    """``build_blending_indices`` by the chunk protocol above, the chunks [b_i, b_i+1) of
-    ``boundaries`` (0 first, ``size`` last) run speculatively on ``max_workers`` threads (the
-    kernels release the GIL) and then repaired in order."""
-    w = _check_weights(weights)
-    bounds = [int(b) for b in boundaries]
-    if (
-        len(bounds) < 2
-        or bounds[0] != 0
-        or bounds[-1] != size
-        or any(a > b for a, b in itertools.pairwise(bounds))
-    ):
-        raise MegacacheError(
-            f"chunk boundaries must rise from 0 to the blend size {size}, got {list(boundaries)}"
-        )
-    idx = np.empty(size, dtype=np.int16)
-    sidx = np.empty(size, dtype=np.int64)
-    chunks = list(itertools.pairwise(bounds))
-
-    def speculate(chunk):
-        s0, s1 = chunk
-        guess = guess_counts(w, s0, warmup)
-        return guess, blend_chunk(w, s0, guess, idx[s0:s1], sidx[s0:s1])
-
-    with ThreadPoolExecutor(max_workers) as pool:
-        starts, ends = map(list, zip(*pool.map(speculate, chunks)))
-    while (i := first_unconfirmed_chunk(starts, ends)) is not None:
-        s0, s1 = chunks[i]
-        ends[i] = repair_chunk(w, s0, ends[i - 1], starts[i], ends[i], idx[s0:s1], sidx[s0:s1]).end_counts
-        starts[i] = ends[i - 1]
-    return idx, sidx
-
-
-# ---------------------------------------------------------------------------------------------
-# Oversampling
-
-
-class Oversample(NamedTuple):
-    dataset: int  # index in the blend
-    requested: int  # samples the blend takes from it
-    available: int  # its length
-
-    @property
-    def excess(self) -> int:
-        return self.requested - self.available
-
-
-def find_oversampling(counts: Sequence[int], lengths: Sequence[int]) -> list[Oversample]:
-    """The datasets a blend asks for more samples than they have, by ascending index (megatron
-    raises IndexError for the first). ``counts`` are samples per dataset
-    (``np.bincount(dataset_index, minlength=D)`` or a chunk's end counts)."""
-    counts = np.asarray(counts, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if counts.shape != lengths.shape or counts.ndim != 1:
-        raise ValueError(f"counts {counts.shape} and lengths {lengths.shape} must be 1-D and of equal length")
-    over = np.flatnonzero(counts > lengths)
-    return [Oversample(int(d), int(counts[d]), int(lengths[d])) for d in over]

@@ -1,0 +1,241 @@
+"""The BlendedDataset side of ``megacache build``: each blended split as one cache entry
+(``BlendJob``, planned by ``plan_blends`` from its children's plans), and ``Blending``, which
+computes every blend beside the GPTDataset builds: a long weighted blend cut into one chunk per rank
+(each started from a guessed state, then confirmed or repaired in order by ``confirm_chunks``,
+exact by construction), a short one whole on one owner; then Megatron's oversampling check and the
+publication, a blend after all of its children."""
+
+from __future__ import annotations
+
+import os
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..algorithms.blend_chunks import first_unconfirmed_chunk, guess_counts, repair_chunk
+from ..algorithms.blend_kernels import blend_chunk, build_exhaustive_blending_indices
+from ..algorithms.blend_sizes import find_oversampling, normalize, unweighted_blend_size
+from ..comm import Comm
+from ..errors import MegacacheError
+from ..formats.npy import NpyWriter
+from ..fsio import remove_quietly, sync_filesystems, tmp_path
+from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
+from .gpt import GPTJob, array_records
+from .publish import publish_entries
+from .scheduling import even_slice, largest_first
+
+if TYPE_CHECKING:  # the orchestrator's configuration (build.py imports this module)
+    from .build import BuildConfig
+
+
+#: a blend's arrays and their dtypes (each one sample long)
+BLEND_ARRAYS = {"dataset_index.npy": np.dtype(np.int16), "dataset_sample_index.npy": np.dtype(np.int64)}
+
+
+@dataclass
+class BlendJob:
+    """One BlendedDataset split: one cache entry."""
+
+    index: int
+    name: str
+    entry: CacheEntry
+    children: list[GPTJob]
+    size: int                           # samples
+    weights: np.ndarray | None          # the kernel's weights; None: exhaustive over ``lengths``
+    lengths: np.ndarray                 # the children's lengths (samples)
+    reused: bool = False
+    counts: np.ndarray | None = None    # samples taken from each child, once blended
+    chunks: int = 1                     # ranks that blended it
+    recomputed: int = 0                 # samples recomputed by repairs of wrong chunk guesses
+
+    @property
+    def marker(self) -> dict:
+        """What the blend depends on beyond its hashed description: its children's lengths."""
+        return {"lengths": self.lengths.tolist(),
+                "arrays": array_records({w: (d, (self.size,)) for w, d in BLEND_ARRAYS.items()})}
+
+    @property
+    def summary(self) -> str:
+        state = "existing cache reused" if self.reused else "built"
+        kind = "exhaustive" if self.weights is None else "weighted"
+        return (f"  {self.name} blend: {len(self.children)} datasets, {self.size:,} samples, {kind} "
+                f"({state})\n    {self.entry.hash}-BlendedDataset-{self.name}-*")
+
+
+def plan_blends(cfg: BuildConfig, blends: list[tuple], jobs: list[GPTJob]) -> list[BlendJob]:
+    by_request = {(j.request, j.name): j for j in jobs}
+    out = []
+    for i, blend, request_ids, targets in blends:
+        name = SPLIT_NAMES[i]
+        children = [by_request[r, name] for r in request_ids]
+        lengths = np.array([c.plan.num_samples for c in children], dtype=np.int64)
+        if targets is not None:
+            size = int(targets.blend[i])
+            # BlendedDataset normalizes the (already normalized) weights once more.
+            weights = normalize(normalize(blend.weights))
+            described = weights.tolist()
+        else:
+            empty = np.flatnonzero(lengths == 0)
+            if len(empty):
+                c = children[int(empty[0])]
+                raise MegacacheError(
+                    f"{c.data_path}: its {name} split has no samples, so it gets weight 0 in this unweighted "
+                    f"blend, which megatron-core rejects. Drop the prefix or give weights")
+            size = unweighted_blend_size(cfg.sizes[i], lengths)
+            if size is None:
+                weights, described = None, lengths.tolist()
+            else:
+                weights = normalize(lengths)
+                described = weights.tolist()
+        entry = blend_entry(cfg.cache_dir, [c.entry for c in children], name, described, size)
+        out.append(BlendJob(len(out), name, entry, children,
+                            int(lengths.sum()) if size is None else size, weights, lengths))
+    return out
+
+
+def confirm_chunks(comm: Comm, weights: np.ndarray, start: int, mine: tuple, rows, what: str) -> tuple[np.ndarray, int]:
+    """The chunk protocol's second half, collective: every rank's ``(guessed start counts, end
+    counts)`` gathered, the chunks confirmed in order; the first whose guessed start differs from
+    its predecessor's true end is recomputed by its rank from there (usually a short stretch).
+    ``rows()`` gives this rank's chunk arrays (a context manager). Returns the blend's final counts
+    and the samples recomputed."""
+    starts, ends = map(list, zip(*comm.allgather(mine)))
+    recomputed = 0
+    while (i := first_unconfirmed_chunk(starts, ends)) is not None:
+
+        def repair() -> tuple[np.ndarray, int]:
+            with rows() as (idx, sidx):
+                return repair_chunk(weights, start, ends[i - 1], starts[i], ends[i], idx, sidx)
+
+        ends[i], fixed = comm.on_root(repair, f"repairing chunk {i} of {what}", root=i)
+        starts[i] = ends[i - 1]
+        recomputed += fixed
+    return ends[-1], recomputed
+
+
+class Blending:
+    """The blends to compute: each either chunked over all ranks or whole on one owner."""
+
+    def __init__(self, todo: list[BlendJob], cfg: BuildConfig, comm: Comm, tag: str):
+        self.todo, self.cfg, self.comm = todo, cfg, comm
+        self.tmp = {(b.index, what): tmp_path(b.entry.path(what), tag) for b in todo
+                    for what in (*BLEND_ARRAYS, "description.txt")}
+        self.chunked = [b for b in todo if b.weights is not None and comm.size > 1
+                        and b.size // comm.size >= cfg.blend_min_chunk]
+        chunked = {b.index for b in self.chunked}
+        whole = [b for b in todo if b.index not in chunked]
+        self.owners = dict(zip((b.index for b in whole), largest_first([b.size for b in whole], comm.size)))
+
+    def start(self) -> None:
+        """Preallocate the outputs, then compute this rank's share (whole blends it owns, its chunk
+        of the long ones) on a background thread: the kernels release the GIL, so the blend runs
+        while this rank builds GPT datasets, which mostly wait on the filesystem."""
+        def preallocate() -> None:
+            os.makedirs(self.cfg.cache_dir, exist_ok=True)
+            for b in self.todo:
+                for what, dtype in BLEND_ARRAYS.items():
+                    NpyWriter.create(self.tmp[b.index, what], dtype, (b.size,))
+
+        if self.todo:
+            self.comm.on_root(preallocate, "preallocating the blend files")
+        self._counts: dict[int, np.ndarray] = {}
+        self._speculated: dict[int, tuple] = {}
+        self._error: BaseException | None = None
+
+        def work() -> None:
+            try:
+                for b in self.todo:
+                    if self.owners.get(b.index) == self.comm.rank:
+                        self._counts[b.index] = self._whole(b)
+                for b in self.chunked:
+                    self._speculated[b.index] = self._speculate(b)
+            except BaseException as exc:  # reported collectively in finish()
+                self._error = exc
+
+        self._thread = threading.Thread(target=work, name="blend", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        """Join the thread, repair the chunks in order (collective), share every blend's counts."""
+        comm = self.comm
+        self._thread.join()
+        comm.check(self._error, "blending")
+        counts = self._counts
+        for b in self.chunked:
+            counts[b.index] = self._repair(b, self._speculated[b.index])
+        with comm.agreed("syncing the blend files"):
+            if self.todo:  # this rank's blend writes durable before rank 0 publishes (other nodes too)
+                sync_filesystems([self.cfg.cache_dir])
+        for part in comm.allgather({k: v for k, v in counts.items() if self.owners.get(k) == comm.rank}):
+            counts.update(part)
+        for b in self.todo:
+            b.counts = counts[b.index]
+
+    def _outputs(self, b: BlendJob) -> tuple[np.ndarray, np.ndarray]:
+        return (np.lib.format.open_memmap(self.tmp[b.index, "dataset_index.npy"], mode="r+"),
+                np.lib.format.open_memmap(self.tmp[b.index, "dataset_sample_index.npy"], mode="r+"))
+
+    def _whole(self, b: BlendJob) -> np.ndarray:
+        idx, sidx = self._outputs(b)
+        if b.weights is None:
+            i, s = build_exhaustive_blending_indices(b.lengths)
+            idx[:], sidx[:] = i, s
+            counts = b.lengths.copy()
+        else:
+            counts = blend_chunk(b.weights, 0, None, idx, sidx)
+        idx.flush()
+        sidx.flush()
+        return counts
+
+    def _chunk(self, b: BlendJob) -> tuple[int, int]:
+        return even_slice(b.size, self.comm.rank, self.comm.size)
+
+    def _speculate(self, b: BlendJob) -> tuple[np.ndarray, np.ndarray]:
+        s0, s1 = self._chunk(b)
+        idx, sidx = self._outputs(b)
+        guess = guess_counts(b.weights, s0, self.cfg.blend_warmup)
+        end = blend_chunk(b.weights, s0, guess, idx[s0:s1], sidx[s0:s1])
+        idx.flush()
+        sidx.flush()
+        return guess, end
+
+    def _repair(self, b: BlendJob, mine: tuple) -> np.ndarray:
+        @contextmanager
+        def rows():
+            s0, s1 = self._chunk(b)
+            idx, sidx = self._outputs(b)
+            yield idx[s0:s1], sidx[s0:s1]
+            idx.flush()
+            sidx.flush()
+
+        end, b.recomputed = confirm_chunks(self.comm, b.weights, self._chunk(b)[0], mine, rows, f"the {b.name} blend")
+        b.chunks = self.comm.size
+        return end
+
+    def check_oversampling(self) -> None:
+        """Megatron's IndexError, as an error naming the dataset, before anything else is built."""
+        for b in self.todo:
+            over = find_oversampling(b.counts, b.lengths)
+            if over:
+                o = over[0]
+                raise MegacacheError(
+                    f"the {b.name} blend takes {o.requested:,} samples from {b.children[o.dataset].data_path} "
+                    f"(dataset {o.dataset}), which has only {o.available:,}"
+                    + (f" ({len(over) - 1} more datasets likewise)" if len(over) > 1 else "")
+                    + "; megatron-core raises IndexError here. Raise mid_level_dataset_surplus "
+                      "(--mid-level-dataset-surplus) or the dataset's weight")
+
+    def publish(self) -> None:
+        publish_entries((b.entry, {w: self.tmp[b.index, w] for w in (*BLEND_ARRAYS, "description.txt")})
+                        for b in self.todo)
+
+    def discard(self) -> None:
+        """After a failure elsewhere: let the thread end (no work left running), remove the files."""
+        if getattr(self, "_thread", None) is not None:
+            self._thread.join()
+        if self.comm.rank == 0:
+            for path in self.tmp.values():
+                remove_quietly(path)
