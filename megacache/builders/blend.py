@@ -1,5 +1,5 @@
 """The BlendedDataset side of ``megacache build``: each blended split as one cache entry
-(``BlendJob``, planned by ``plan_blends`` from its children's plans), and ``Blending``, which
+(``BlendTask``, planned by ``plan_blends`` from its children's plans), and ``Blending``, which
 computes every blend beside the GPTDataset builds: a long weighted blend cut into one chunk per rank
 (each started from a guessed state, then confirmed or repaired in order by ``confirm_chunks``,
 exact by construction), a short one whole on one owner; then Megatron's oversampling check and the
@@ -23,7 +23,7 @@ from ..errors import MegacacheError
 from ..formats.npy import NpyWriter
 from ..fsio import remove_quietly, sync_filesystems, tmp_path
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
-from .gpt import GPTJob, array_records
+from .gpt import GPTTask, array_records
 from .publish import publish_entries
 from .scheduling import even_slice, largest_first
 
@@ -36,13 +36,13 @@ BLEND_ARRAYS = {"dataset_index.npy": np.dtype(np.int16), "dataset_sample_index.n
 
 
 @dataclass
-class BlendJob:
+class BlendTask:
     """One BlendedDataset split: one cache entry."""
 
     index: int
     name: str
     entry: CacheEntry
-    children: list[GPTJob]
+    children: list[GPTTask]
     size: int                           # samples
     weights: np.ndarray | None          # the kernel's weights; None: exhaustive over ``lengths``
     lengths: np.ndarray                 # the children's lengths (samples)
@@ -65,8 +65,8 @@ class BlendJob:
                 f"({state})\n    {self.entry.hash}-BlendedDataset-{self.name}-*")
 
 
-def plan_blends(cfg: BuildConfig, blends: list[tuple], jobs: list[GPTJob]) -> list[BlendJob]:
-    by_request = {(j.request, j.name): j for j in jobs}
+def plan_blends(cfg: BuildConfig, blends: list[tuple], tasks: list[GPTTask]) -> list[BlendTask]:
+    by_request = {(j.request, j.name): j for j in tasks}
     out = []
     for i, blend, request_ids, targets in blends:
         name = SPLIT_NAMES[i]
@@ -91,7 +91,7 @@ def plan_blends(cfg: BuildConfig, blends: list[tuple], jobs: list[GPTJob]) -> li
                 weights = normalize(lengths)
                 described = weights.tolist()
         entry = blend_entry(cfg.cache_dir, [c.entry for c in children], name, described, size)
-        out.append(BlendJob(len(out), name, entry, children,
+        out.append(BlendTask(len(out), name, entry, children,
                             int(lengths.sum()) if size is None else size, weights, lengths))
     return out
 
@@ -119,7 +119,7 @@ def confirm_chunks(comm: Comm, weights: np.ndarray, start: int, mine: tuple, row
 class Blending:
     """The blends to compute: each either chunked over all ranks or whole on one owner."""
 
-    def __init__(self, todo: list[BlendJob], cfg: BuildConfig, comm: Comm, tag: str):
+    def __init__(self, todo: list[BlendTask], cfg: BuildConfig, comm: Comm, tag: str):
         self.todo, self.cfg, self.comm = todo, cfg, comm
         self.tmp = {(b.index, what): tmp_path(b.entry.path(what), tag) for b in todo
                     for what in (*BLEND_ARRAYS, "description.txt")}
@@ -174,11 +174,11 @@ class Blending:
         for b in self.todo:
             b.counts = counts[b.index]
 
-    def _outputs(self, b: BlendJob) -> tuple[np.ndarray, np.ndarray]:
+    def _outputs(self, b: BlendTask) -> tuple[np.ndarray, np.ndarray]:
         return (np.lib.format.open_memmap(self.tmp[b.index, "dataset_index.npy"], mode="r+"),
                 np.lib.format.open_memmap(self.tmp[b.index, "dataset_sample_index.npy"], mode="r+"))
 
-    def _whole(self, b: BlendJob) -> np.ndarray:
+    def _whole(self, b: BlendTask) -> np.ndarray:
         idx, sidx = self._outputs(b)
         if b.weights is None:
             i, s = build_exhaustive_blending_indices(b.lengths)
@@ -190,10 +190,10 @@ class Blending:
         sidx.flush()
         return counts
 
-    def _chunk(self, b: BlendJob) -> tuple[int, int]:
+    def _chunk(self, b: BlendTask) -> tuple[int, int]:
         return even_slice(b.size, self.comm.rank, self.comm.size)
 
-    def _speculate(self, b: BlendJob) -> tuple[np.ndarray, np.ndarray]:
+    def _speculate(self, b: BlendTask) -> tuple[np.ndarray, np.ndarray]:
         s0, s1 = self._chunk(b)
         idx, sidx = self._outputs(b)
         guess = guess_counts(b.weights, s0, self.cfg.blend_warmup)
@@ -202,7 +202,7 @@ class Blending:
         sidx.flush()
         return guess, end
 
-    def _repair(self, b: BlendJob, mine: tuple) -> np.ndarray:
+    def _repair(self, b: BlendTask, mine: tuple) -> np.ndarray:
         @contextmanager
         def rows():
             s0, s1 = self._chunk(b)

@@ -4,12 +4,12 @@ by all ranks together; the GPTDataset entries by ``gpt``, the BlendedDataset ent
 
 Order of work, chosen so that nothing is wasted and nothing partial is visible:
 
-1. Plan: parse and check the data flags, open every prefix, plan every GPTDataset job
-   (``gpt.plan_jobs``) and every blend (sizes, weights as Megatron derives them), and ask rank 0
+1. Plan: parse and check the data flags, open every prefix, plan every GPTDataset task
+   (``gpt.plan_tasks``) and every blend (sizes, weights as Megatron derives them), and ask rank 0
    which entries exist already.
 2. Blends alongside the children: a blend needs only its weights and size (and, unweighted, its
    children's lengths, which the plan knows), so each rank computes its share on a background
-   thread while it builds GPTDataset jobs (``gpt.GPTBuild``), which mostly wait on the filesystem.
+   thread while it builds GPTDataset tasks (``gpt.GPTBuild``), which mostly wait on the filesystem.
    A long blend is cut into one chunk per rank, each started from a guessed state; the chunks are
    then repaired in order (``blend.Blending``, ``algorithms.blend_chunks``), exact by construction;
    a short one runs whole on one rank.
@@ -39,9 +39,9 @@ from ..megatron.cache import SPLIT_NAMES, existing
 from ..megatron.sequences import default_path, sequences_json
 from ..megatron.training import DEFAULT_SPLIT
 from ..megatron.versions import resolve
-from .blend import BlendJob, Blending, plan_blends
-from .gpt import (GPTBuild, GPTJob, GPTRequest, GPTSettings, PhaseTimer, array_records, open_datasets,
-                  plan_jobs)
+from .blend import BlendTask, Blending, plan_blends
+from .gpt import (GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, array_records, open_datasets,
+                  plan_tasks)
 from .publish import read_manifest, update_manifest
 
 #: the lock key of a cache directory
@@ -90,8 +90,8 @@ class BuildConfig:
 
 @dataclass
 class BuildResult:
-    gpt: list[GPTJob]
-    blends: list[BlendJob]
+    gpt: list[GPTTask]
+    blends: list[BlendTask]
     seconds: float
     ranks: int
     megatron_version: str
@@ -187,8 +187,8 @@ def _check_dtypes(datasets: dict) -> None:
 class Plan:
     """Every cache entry a configuration needs, whether it exists, and the opened datasets."""
 
-    gpt: list[GPTJob]
-    blends: list[BlendJob]
+    gpt: list[GPTTask]
+    blends: list[BlendTask]
     datasets: dict
     megatron_version: str
 
@@ -256,8 +256,8 @@ def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
     datasets = open_datasets([r.data_path for r in requests], comm)
     if blend_specs:
         _check_dtypes(datasets)
-    jobs = plan_jobs(requests, settings, datasets, comm)
-    planned = Plan(jobs, plan_blends(cfg, blend_specs, jobs), datasets, version)
+    tasks = plan_tasks(requests, settings, datasets, comm)
+    planned = Plan(tasks, plan_blends(cfg, blend_specs, tasks), datasets, version)
     _decide_reuse(planned, cfg, comm)
     return planned
 
@@ -328,9 +328,9 @@ def _write_sequences(planned: Plan, cfg: BuildConfig, comm: Comm) -> str | None:
 
 
 def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: PhaseTimer) -> None:
-    jobs, blends, datasets = planned.gpt, planned.blends, planned.datasets
+    tasks, blends, datasets = planned.gpt, planned.blends, planned.datasets
     blending = Blending([b for b in blends if not b.reused], cfg, comm, guard.job)
-    gpt = GPTBuild(jobs, datasets, cfg.settings, comm, guard.job)
+    gpt = GPTBuild(tasks, datasets, cfg.settings, comm, guard.job)
     try:
         def make_directories() -> None:
             for d in sorted({j.entry.directory for j in gpt.todo}):

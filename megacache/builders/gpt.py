@@ -1,26 +1,26 @@
 """Megatron-exact GPTDataset index caches for any number of datasets, every rank building a slice.
 
-A *request* is one GPTDataset family (a prefix, its split, samples per split); a *job* is one split
+A *request* is one GPTDataset family (a prefix, its split, samples per split); a *task* is one split
 of one request, i.e. one cache entry. A blend of 1000 prefixes is 1000 requests and up to 3000
-jobs, built by the same four steps as a single prefix:
+tasks, built by the same four steps as a single prefix:
 
 1. Plan (every rank, identically): the sequence ranges of every request are cut into intervals,
    the intervals of all datasets are laid end to end and cut evenly over the ranks; each rank sums
    tokens (and finds the longest sequence) in its share and an allgather gives every rank every
-   job's tokens per epoch, hence the same epochs, sample counts and dtypes, hence every file's
+   task's tokens per epoch, hence the same epochs, sample counts and dtypes, hence every file's
    shape. Work per rank is O(sequences / P), whatever the number of datasets.
-2. Document index: one serial MT19937 Fisher–Yates per job, on the job's owner (jobs spread over
+2. Document index: one serial MT19937 Fisher–Yates per task, on the task's owner (tasks spread over
    ranks by cost, largest first). The RNG state it leaves
    is the shuffle index's starting state and the shuffle index's length is in the plan, so the
    owner hands the shuffle index to a background thread (the numba kernel releases the GIL) at once.
-3. Sample index: a small job's owner computes it at once from the document index in memory and
+3. Sample index: a small task's owner computes it at once from the document index in memory and
    writes each array in one go (a blend of many small datasets is bound by per-file costs). The
-   document indices of the large jobs are laid end to end and cut evenly over the ranks, so a
+   document indices of the large tasks are laid end to end and cut evenly over the ranks, so a
    large dataset is shared by many ranks. Each rank computes token prefix sums over its pieces;
-   the only piece that needs tokens from other ranks is its first (a job that started on an
+   the only piece that needs tokens from other ranks is its first (a task that started on an
    earlier rank), which one small allgather supplies. Each rank writes the rows its pieces own
    in place.
-4. Owners join their shuffle threads, fsync, and publish their jobs (arrays first, the description
+4. Owners join their shuffle threads, fsync, and publish their tasks (arrays first, the description
    last: Megatron's cache hit needs every file, so a reader never sees part of an entry).
 """
 
@@ -51,7 +51,7 @@ from .scheduling import even_slice, largest_first
 UINT32_MAX = 2**32 - 1
 #: arrays one rank computes whole are built in memory up to this size, else in a memory map
 IN_MEMORY_BYTES = 16 << 20
-#: a job's sample index is shared by all ranks when its document index is more than this share
+#: a task's sample index is shared by all ranks when its document index is more than this share
 #: of one rank's part of all document indices (and always when it is too large for memory)
 SHARED_FRACTION = 0.25
 
@@ -92,10 +92,10 @@ class GPTRequest:
 
 
 @dataclass
-class GPTJob:
+class GPTTask:
     """One split of one request: one cache entry."""
 
-    index: int                          # position in the build's job list (the same on every rank)
+    index: int                          # position in the build's task list (the same on every rank)
     request: int
     name: str
     data_path: str
@@ -198,9 +198,9 @@ def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[in
     return stats
 
 
-def plan_jobs(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[str, IndexedDataset],
-              comm: Comm) -> list[GPTJob]:
-    """Every request's non-None splits as jobs with their plans (identical on every rank), in
+def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[str, IndexedDataset],
+              comm: Comm) -> list[GPTTask]:
+    """Every request's non-None splits as tasks with their plans (identical on every rank), in
     request order then split order; whether each entry exists already is decided on rank 0."""
     ranges = []
     cuts: dict[str, set[int]] = {}
@@ -212,7 +212,7 @@ def plan_jobs(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[
     sorted_cuts = {p: sorted(c) for p, c in cuts.items()}
     stats = _interval_stats(datasets, sorted_cuts, comm)
 
-    jobs = []
+    tasks = []
     for k, (r, rr) in enumerate(zip(requests, ranges)):
         c = sorted_cuts[r.data_path]
         longest = max(stats[r.data_path, lo][1] for lo in c[:-1])
@@ -237,9 +237,9 @@ def plan_jobs(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[
                 raise MegacacheError(f"{r.data_path}, {name} split: {exc}") from None
             ids = gpt_identifiers(r.data_path, plan.requested_samples, name, settings.seed, settings.seq_length,
                                   r.split, r.hashed_matrix, settings.tokenizer)
-            jobs.append(GPTJob(len(jobs), k, name, r.data_path, CacheEntry(settings.cache_path(r.data_path), ids),
+            tasks.append(GPTTask(len(tasks), k, name, r.data_path, CacheEntry(settings.cache_path(r.data_path), ids),
                                plan, rng, checksum, settings))
-    return jobs
+    return tasks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,11 +247,11 @@ def plan_jobs(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[
 
 
 class GPTBuild:
-    """The jobs still to build, their temporary files, and who owns which."""
+    """The tasks still to build, their temporary files, and who owns which."""
 
-    def __init__(self, jobs: list[GPTJob], datasets: dict[str, IndexedDataset], settings: GPTSettings,
+    def __init__(self, tasks: list[GPTTask], datasets: dict[str, IndexedDataset], settings: GPTSettings,
                  comm: Comm, tag: str):
-        self.todo = [j for j in jobs if not j.reused]
+        self.todo = [j for j in tasks if not j.reused]
         self.datasets, self.settings, self.comm = datasets, settings, comm
         self.owners = largest_first([j.cost for j in self.todo], comm.size)
         self.mine = [j for j, o in zip(self.todo, self.owners) if o == comm.rank]
@@ -270,8 +270,8 @@ class GPTBuild:
             t = time.monotonic()
             futures: list[Future] = []
             with self.comm.agreed("building the document indices"):
-                for job in self.mine:
-                    futures.append(self._document_index(job, pool))
+                for task in self.mine:
+                    futures.append(self._document_index(task, pool))
             phases["document_index"] = time.monotonic() - t
 
             enter("sample index")
@@ -289,35 +289,35 @@ class GPTBuild:
                 sync_filesystems({j.entry.directory for j in self.todo})
             phases["shuffle_index_wait"] = time.monotonic() - t
 
-    def _document_index(self, job: GPTJob, pool: ThreadPoolExecutor) -> Future:
-        """Shuffle the job's document index here; a small job's sample index follows at once, a
-        shared job's is preallocated for every rank to fill. The shuffle index goes to the pool."""
-        p = job.plan
+    def _document_index(self, task: GPTTask, pool: ThreadPoolExecutor) -> Future:
+        """Shuffle the task's document index here; a small task's sample index follows at once, a
+        shared task's is preallocated for every rank to fill. The shuffle index goes to the pool."""
+        p = task.plan
         state = MT19937.from_seed(self.settings.seed)
-        indices = np.arange(*job.split_range, dtype=np.int32)
-        if job.index in self.shared_ids:
-            NpyWriter.create(self.tmp[job.index, "sample_index.npy"], p.sample_index_dtype, p.sample_index_shape)
-            with self._array(job, "document_index.npy") as out:
+        indices = np.arange(*task.split_range, dtype=np.int32)
+        if task.index in self.shared_ids:
+            NpyWriter.create(self.tmp[task.index, "sample_index.npy"], p.sample_index_dtype, p.sample_index_shape)
+            with self._array(task, "document_index.npy") as out:
                 build_document_index(indices, p.num_epochs, p.separate_final_epoch, state, out=out)
         else:
             document_index = build_document_index(indices, p.num_epochs, p.separate_final_epoch, state)
-            write_npy(self.tmp[job.index, "document_index.npy"], document_index)
-            sizes = self.datasets[job.data_path].sequence_lengths
-            write_npy(self.tmp[job.index, "sample_index.npy"], build_sample_index(sizes, document_index, p))
-        return pool.submit(self._shuffle_index, job, state)
+            write_npy(self.tmp[task.index, "document_index.npy"], document_index)
+            sizes = self.datasets[task.data_path].sequence_lengths
+            write_npy(self.tmp[task.index, "sample_index.npy"], build_sample_index(sizes, document_index, p))
+        return pool.submit(self._shuffle_index, task, state)
 
-    def _shuffle_index(self, job: GPTJob, state: MT19937) -> None:
-        p = job.plan
-        with self._array(job, "shuffle_index.npy") as out:
+    def _shuffle_index(self, task: GPTTask, state: MT19937) -> None:
+        p = task.plan
+        with self._array(task, "shuffle_index.npy") as out:
             build_shuffle_index(p.num_samples, p.shuffle_first_range, p.shuffle_index_dtype, state, out=out)
 
     @contextmanager
-    def _array(self, job: GPTJob, what: str):
+    def _array(self, task: GPTTask, what: str):
         """An output array one rank computes whole: in memory and written in one go when small
         (one create, no msync: per-file costs dominate a blend of many small datasets), else a
         memory map of the preallocated file, so a huge one never has to fit in memory."""
-        path = self.tmp[job.index, what]
-        dtype, shape = array_shapes(job.plan)[what]
+        path = self.tmp[task.index, what]
+        dtype, shape = array_shapes(task.plan)[what]
         if dtype.itemsize * int(np.prod(shape)) <= IN_MEMORY_BYTES:
             out = np.empty(shape, dtype)
             yield out
@@ -328,21 +328,21 @@ class GPTBuild:
             yield out
             out.flush()
 
-    def _pieces(self) -> list[tuple[GPTJob, int, int]]:
-        """This rank's ``(job, p0, p1)`` pieces of the shared jobs' document indices laid end to end."""
+    def _pieces(self) -> list[tuple[GPTTask, int, int]]:
+        """This rank's ``(task, p0, p1)`` pieces of the shared tasks' document indices laid end to end."""
         lengths = np.array([j.plan.document_index_length for j in self.shared], dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(lengths)])
         total = int(starts[-1])
         g0, g1 = even_slice(total, self.comm.rank, self.comm.size)
         bounds = np.arange(self.comm.size, dtype=np.int64) * total // self.comm.size  # every rank's even_slice start
         pieces = []
-        for job, s, n in zip(self.shared, starts.tolist(), lengths.tolist()):
+        for task, s, n in zip(self.shared, starts.tolist(), lengths.tolist()):
             if n == 0:
                 # An empty document index still has its one sample-index row: exactly one rank writes it.
                 if int(np.searchsorted(bounds, s, side="right")) - 1 == self.comm.rank:
-                    pieces.append((job, 0, 0))
+                    pieces.append((task, 0, 0))
             elif s < g1 and s + n > g0:
-                pieces.append((job, max(g0, s) - s, min(g1, s + n) - s))
+                pieces.append((task, max(g0, s) - s, min(g1, s + n) - s))
         return pieces
 
     def _sample_index(self) -> None:
@@ -353,10 +353,10 @@ class GPTBuild:
         sums = []
         pieces = self._pieces()
         with comm.agreed("summing tokens for the sample indices"):
-            for job, p0, p1 in pieces:
-                document_index = load_npy(self.tmp[job.index, "document_index.npy"])[p0:p1]
-                sums.append(document_token_ends(self.datasets[job.data_path].sequence_lengths, document_index))
-        # Tokens before this rank's first piece: the pieces of the same job on lower ranks, each of
+            for task, p0, p1 in pieces:
+                document_index = load_npy(self.tmp[task.index, "document_index.npy"])[p0:p1]
+                sums.append(document_token_ends(self.datasets[task.data_path].sequence_lengths, document_index))
+        # Tokens before this rank's first piece: the pieces of the same task on lower ranks, each of
         # which is that rank's last piece.
         last = (pieces[-1][0].index, int(sums[-1][-1]) if len(sums[-1]) else 0) if pieces else None
         before = 0
@@ -364,34 +364,34 @@ class GPTBuild:
             if item is not None and pieces and item[0] == pieces[0][0].index:
                 before += item[1]
         with comm.agreed("writing the sample indices"):
-            for n, ((job, p0, p1), ends) in enumerate(zip(pieces, sums)):
-                self._write_sample_rows(job, p0, p1, ends, before if n == 0 else 0)
+            for n, ((task, p0, p1), ends) in enumerate(zip(pieces, sums)):
+                self._write_sample_rows(task, p0, p1, ends, before if n == 0 else 0)
 
-    def _write_sample_rows(self, job: GPTJob, p0: int, p1: int, ends: np.ndarray, start: int) -> None:
-        plan = job.plan
+    def _write_sample_rows(self, task: GPTTask, p0: int, p1: int, ends: np.ndarray, start: int) -> None:
+        plan = task.plan
         total = int(ends[-1]) if len(ends) else 0
         ends += start
         k0, k1 = sample_rows_in_slice(plan, p0, p1, start, start + total)
         if k1 > k0:
             rows = sample_index_rows(plan, ends, start, p0, k0, k1)
-            with NpyWriter(self.tmp[job.index, "sample_index.npy"], plan.sample_index_dtype,
+            with NpyWriter(self.tmp[task.index, "sample_index.npy"], plan.sample_index_dtype,
                            plan.sample_index_shape) as w:
                 w.write_rows(k0, rows)
 
     def publish(self) -> None:
-        """This rank's jobs into place."""
+        """This rank's tasks into place."""
         publish_entries((j.entry, self._tmp_of(j)) for j in self.mine)
         self.published = True
 
-    def _tmp_of(self, job: GPTJob) -> dict[str, str]:
-        return {what: self.tmp[job.index, what] for what in (*GPT_ARRAYS, "description.txt")}
+    def _tmp_of(self, task: GPTTask) -> dict[str, str]:
+        return {what: self.tmp[task.index, what] for what in (*GPT_ARRAYS, "description.txt")}
 
     def discard(self) -> None:
         """Remove this rank's temporary files after a failure."""
         if self.published:
             return
-        for job in self.mine:
-            for path in self._tmp_of(job).values():
+        for task in self.mine:
+            for path in self._tmp_of(task).values():
                 remove_quietly(path)
 
 
