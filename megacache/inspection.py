@@ -1,7 +1,7 @@
 """``megacache inspect``: a readable summary of a dataset prefix or of a cache directory.
 
 For a cache directory it groups the files by entry (``<md5>-<Class>-<split>-<what>``, see
-megatron-compat.md §3.2), says whether each entry is whole (Megatron's cache-hit rule) and whether
+docs/megatron.md §3.2), says whether each entry is whole (Megatron's cache-hit rule) and whether
 its description still hashes to its name (an edited description is never looked up again), and
 gives the training flags that reproduce the key, so a user can tell which run a cache belongs to.
 Everything is read through headers and memory maps; the reductions are numpy's.
@@ -236,7 +236,7 @@ def _blend_config(e: EntrySummary) -> str:
     first = children[0]
     paths = [shlex.quote(str(c.get("dataset_path"))) for c in children]
     # Megatron gives an unweighted blend's datasets one epoch each (num_samples null) and weighs them
-    # by length; given weights always come with sizes (megatron-compat.md §4.4).
+    # by length; given weights always come with sizes (docs/megatron.md §4.4).
     if all(c.get("num_samples") is None for c in children):
         form = "unweighted (weights are the datasets' lengths): "
         words = paths

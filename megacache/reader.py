@@ -1,4 +1,4 @@
-"""Samples from a built cache, exactly as megatron-core 0.16.1 reads them (megatron-compat.md §2.10,
+"""Samples from a built cache, exactly as megatron-core (0.16 to 0.19) reads them (docs/megatron.md §2.10,
 §4.3), from memory maps, in O(1) per sample (plus the documents a sample spans).
 
 ``GPTSamples[k]`` is the raw token window of ``GPTDataset._query_document_sample_shuffle_indices(k)``:

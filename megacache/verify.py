@@ -1,6 +1,6 @@
 """``megacache verify``: full consistency checks of a dataset (``.bin/.idx``) or a cache directory.
 
-Megatron's reader checks little beyond the header (megatron-compat.md §1.5); a truncated ``.bin``
+Megatron's reader checks little beyond the header (docs/megatron.md §1.5); a truncated ``.bin``
 or shuffled boundaries load fine and train on garbage, and so does a cache whose arrays were
 damaged or built from another version of the dataset. This walks every array in bounded chunks
 (vectorized) and reports the first bad element of each check by file and position.

@@ -1,4 +1,4 @@
-"""A blend cut into chunks over ranks, exact by construction (megatron-compat.md §4).
+"""A blend cut into chunks over ranks, exact by construction (docs/megatron.md §4).
 
 Samples [s0, s1) of a blend depend only on the weights and the counts at s0. A distributed
 build gives chunk i to rank i, which

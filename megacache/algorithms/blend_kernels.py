@@ -1,4 +1,4 @@
-"""Megatron's greedy blending kernels, bit-identical to megatron-core's helpers (megatron-compat.md §4).
+"""Megatron's greedy blending kernels, bit-identical to megatron-core's helpers (docs/megatron.md §4).
 
 * ``build_blending_indices``: ``helpers_cpp.build_blending_indices``. At step s (t = max(s, 1)) the
   error of dataset d is ``fl(fl(w_d·t) - c_d)``; the largest error wins, ties go to the lowest

@@ -1,5 +1,5 @@
 """How long a Megatron blend is and how many samples each dataset builds for it (megatron-core's
-``BlendedMegatronDatasetBuilder`` and ``BlendedDataset`` sizing; megatron-compat.md §4): ``normalize``,
+``BlendedMegatronDatasetBuilder`` and ``BlendedDataset`` sizing; docs/megatron.md §4): ``normalize``,
 ``size_per_split_per_dataset``, ``blend_split_sizes``, ``unweighted_blend_size``; and
 ``find_oversampling``, Megatron's check that no dataset gives more samples than it has."""
 

@@ -1,6 +1,6 @@
-"""The three index arrays of Megatron's GPTDataset, bit-identical to megatron-core 0.16.1.
+"""The three index arrays of Megatron's GPTDataset, bit-identical to megatron-core's (the same in 0.16 to 0.19).
 
-See megatron-compat.md §2.4–2.8. Notation: D documents (sequences) in the split, T tokens per
+See docs/megatron.md §2.4–2.8. Notation: D documents (sequences) in the split, T tokens per
 epoch, E epochs, L sequence length, N requested samples, x = add_extra_token_to_sequence (0/1),
 M = E·D the document-index length, n the number of samples (the sample index has n + 1 rows).
 

@@ -1,4 +1,4 @@
-"""Megatron's train/valid/test split string → split matrix → sequence ranges (megatron-compat.md §2.2).
+"""Megatron's train/valid/test split string → split matrix → sequence ranges (docs/megatron.md §2.2).
 
 The matrix is part of Megatron's cache key (it is serialised into the description JSON), so its
 exact Python values matter: the first bookend is the *int* 0 and the rest are float cumulative

@@ -216,7 +216,7 @@ class Blending:
         return end
 
     def check_oversampling(self) -> None:
-        """Megatron's IndexError, as an error naming the dataset, before anything else is built."""
+        """Megatron's IndexError, as an error naming the dataset, before anything is published."""
         for b in self.todo:
             over = find_oversampling(b.counts, b.lengths)
             if over:

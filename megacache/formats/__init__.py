@@ -1,1 +1,2 @@
-"""On-disk formats: Megatron's .bin/.idx, .npy files written in slices, cache names and hashes."""
+"""On-disk formats: Megatron's .bin/.idx and .npy files written in slices (Megatron's cache names and
+hashes are in ``megatron.cache``)."""

@@ -3,7 +3,7 @@
 ``.idx`` layout (little-endian): magic ``MMIDIDX\\0\\0`` (9 bytes), version u64 = 1, dtype code u8,
 sequence count S u64, document-index length C u64 (documents + 1), then int32 lengths[S],
 int64 byte pointers[S], int64 document_indices[C]. ``.bin`` is the bare concatenation of the
-sequences. See ``shared/docs/megatron-compat.md`` §1.
+sequences. See ``docs/megatron.md`` §1.
 
 Writers here never build the arrays whole: ``IndexLayout`` gives every array's byte offset, so
 each rank writes its own slice in place into a preallocated file.
@@ -39,7 +39,7 @@ CODE_TO_DTYPE = {
 }
 DTYPE_TO_CODE = {v: k for k, v in CODE_TO_DTYPE.items()}
 
-#: Megatron's vocabulary threshold for uint16 tokens (not 65536: see megatron-compat.md §1.3)
+#: Megatron's vocabulary threshold for uint16 tokens (not 65536: see docs/megatron.md §1.3)
 UINT16_VOCAB_LIMIT = 65500
 
 

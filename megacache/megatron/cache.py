@@ -4,7 +4,7 @@ the cache-hit rule (the same in every supported version).
 megatron-core keys every cached index by the md5 of a JSON description
 (``json.dumps(…, indent=4)``) of the dataset's identity, and names the files
 ``<md5>-<Class>-<split>-<what>``. Reproducing the description byte for byte is what lets Megatron
-find a cache megacache built. See megatron-compat.md §3.
+find a cache megacache built. See docs/megatron.md §3.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def random_bounds(rng, size):
 
 
 # ------------------------------------------------------------------------------------------------
-# Worked examples (megatron-compat.md §4.1, §4.4, §7 fact 9)
+# Worked examples (docs/megatron.md §4.1, §4.4, §7 fact 9)
 
 
 @pytest.mark.parametrize("reference", [False, True])
@@ -438,7 +438,7 @@ def test_bad_size_is_named():
 
 
 def test_oversampling_names_the_dataset():
-    # [0.999, 0.001] over 10 samples takes one sample of dataset 1 (megatron-compat.md §4.5)
+    # [0.999, 0.001] over 10 samples takes one sample of dataset 1 (docs/megatron.md §4.5)
     idx, _ = build_blending_indices([0.999, 0.001], 10)
     counts = np.bincount(idx, minlength=2)
     assert find_oversampling(counts, [9, 1]) == []

@@ -113,3 +113,21 @@ def test_one_prefix_with_a_weight_is_a_one_dataset_blend(megatron):
         outcomes = sweep_configurations(SingleComm(), [c],
                                         lambda workdir, c: run_both(mcore, SingleComm(), workdir, c, stats))
     assert outcomes == {"weighted": 1}
+
+
+@pytest.mark.parametrize("split", ["100,0,0", "90,10,0"])
+def test_weights_on_a_split_without_a_size_are_refused_even_when_the_split_is_empty(megatron, split):
+    """``--full-validation`` leaves valid without a sample count; megatron-core asserts that a split
+    without one has no weights, for every split, whether or not ``--split`` gives it sequences.
+    megacache refuses the same configurations, and still builds them without the weights."""
+    rng = np.random.default_rng(22)
+    c = random_blend_config(rng)
+    c.update(datasets=c["datasets"][:3], weights=[0.5, 0.3, 0.2], per_split=False, split=split,
+             sizes=[2000, None, 40])
+    stats: dict = {}
+    with torch_group():
+        mcore = load_mcore()
+        for weights, expected in (([0.5, 0.3, 0.2], {"refused": 1}), (None, {"unweighted": 1})):
+            outcomes = sweep_configurations(SingleComm(), [{**c, "weights": weights}],
+                                            lambda workdir, c: run_both(mcore, SingleComm(), workdir, c, stats))
+            assert outcomes == expected, weights

@@ -78,7 +78,7 @@ def whole_split_document_index(plan, seed):
 
 
 def test_split_worked_examples():
-    # megatron-compat.md §7 fact 3 and §2.2
+    # docs/megatron.md §7 fact 3 and §2.2
     matrix = split_matrix("969,30,1")
     assert json.dumps(matrix) == "[[0, 0.969], [0.969, 0.999], [0.999, 1.0]]"
     assert type(matrix[0][0]) is int

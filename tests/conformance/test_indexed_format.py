@@ -17,7 +17,7 @@ def read_bytes(prefix):
 
 
 def test_three_documents_match_the_worked_example(tmp_path):
-    # megatron-compat.md §7 fact 1
+    # docs/megatron.md §7 fact 1
     write_dataset(str(tmp_path / "d"), [np.arange(3), np.arange(5), np.arange(2)], np.uint16)
     binb, idxb = read_bytes(str(tmp_path / "d"))
     assert len(binb) == 20 and len(idxb) == 102

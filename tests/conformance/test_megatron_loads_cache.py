@@ -2,7 +2,7 @@
 BlendedMegatronDatasetBuilder, 0.16.1 and 0.19.2 each in its own interpreter, on two gloo ranks under
 torchrun (tests/support/megatron_rank.py), finds a megacache-built cache in a read-only directory, loads it
 on both ranks without building, and serves exactly the samples that megacache's arrays describe
-(megatron-compat.md §2.10): one prefix, a weighted blend, and per-split blends loaded with
+(docs/megatron.md §2.10): one prefix, a weighted blend, and per-split blends loaded with
 ``--dataloader-fast-cache-load``, ``--dataloader-defer-npy-index-mmap`` and the per-dataset
 sequences file megacache wrote. 0.16 hashes the null tokenizer; 0.19 a Hugging Face tokenizer with
 Megatron-LM 0.19's default flags.

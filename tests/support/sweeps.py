@@ -74,7 +74,7 @@ def build_and_compare(cfg, comm, theirs: str, refuse: bool):
 
 def would_hang(c: dict) -> bool:
     """megatron-core loops forever when a split has no tokens and an integer sample count asks for
-    any (§2.9): an empty range, or a range of empty sequences."""
+    any (docs/megatron.md §2.9): an empty range, or a range of empty sequences."""
     from megacache.algorithms.splits import split_matrix, split_ranges
 
     ranges = split_ranges(split_matrix(c["split"]), len(c["lengths"]))

@@ -21,8 +21,8 @@ def test_npy_written_in_slices_equals_numpy_save(tmp_path, dtype, shape):
 
 
 def test_gpt_cache_name_of_the_worked_example(tmp_path):
-    # The configuration of megatron-compat.md §7 fact 10. megatron-core 0.16.1, run on it, names the
-    # files 3177734e…; the doc's 545eb909… does not reproduce (its recipe must have differed).
+    # The configuration of docs/megatron.md §7 fact 10: megatron-core 0.16.1, run on it, names the
+    # files 3177734e….
     tokenizer = {"class": "megatron.core.tokenizers.text.models.default_tokenizer.DefaultTokenizerText",
                  "tokenizer_path": None, "vocab_size": "1000"}
     entry = CacheEntry(str(tmp_path), gpt_identifiers(

@@ -1,4 +1,4 @@
-"""Configuration drift Megatron's cache hash cannot see (megatron-compat.md §3.1): add-extra-token,
+"""Configuration drift Megatron's cache hash cannot see (docs/megatron.md §3.1): add-extra-token,
 drop-last on the valid split, a dataset regenerated at the same path. megacache's manifest (written
 last, after the entries) records what each entry was built from; a build or ``open_cache`` that
 would reuse a drifted entry refuses, naming it, or (``rebuild_stale``) replaces it."""
