@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .algorithms.splits import split_ranges
-from .chunks import CHUNK, first_bad
+from .blocks import BLOCK, first_bad
 from .errors import MegacacheError
 from .megatron.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
@@ -161,21 +161,21 @@ def split_range(ids: dict, split_name: str, n_sequences: int) -> tuple[int, int]
 
 
 def _count_blend(e: EntrySummary, dataset_index: np.ndarray) -> None:
-    """Fewest and most samples drawn from one dataset; counted in bounded chunks (a blend can hold
+    """Fewest and most samples drawn from one dataset; counted in bounded blocks (a blend can hold
     billions of samples)."""
     datasets = e.description.get("datasets") if isinstance(e.description, dict) else None
     if not isinstance(datasets, list) or not len(dataset_index):
         return
     d = len(datasets)
     counts = np.zeros(d, dtype=np.int64)
-    for a in range(0, len(dataset_index), CHUNK):
-        chunk = np.asarray(dataset_index[a : a + CHUNK])
-        bad = first_bad((chunk < 0) | (chunk >= d))
+    for a in range(0, len(dataset_index), BLOCK):
+        block = np.asarray(dataset_index[a : a + BLOCK])
+        bad = first_bad((block < 0) | (block >= d))
         if bad is not None:
-            e.problems.append(f"{e.path('dataset_index.npy')}: dataset_index[{a + bad}] is {int(chunk[bad])}, "
+            e.problems.append(f"{e.path('dataset_index.npy')}: dataset_index[{a + bad}] is {int(block[bad])}, "
                               f"outside the description's {d} datasets")
             return
-        counts += np.bincount(chunk, minlength=d)
+        counts += np.bincount(block, minlength=d)
     e.dataset_counts = (int(counts.min()), int(counts.max()))
 
 

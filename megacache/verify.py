@@ -2,7 +2,7 @@
 
 Megatron's reader checks little beyond the header (docs/megatron.md §1.5); a truncated ``.bin``
 or shuffled boundaries load fine and train on garbage, and so does a cache whose arrays were
-damaged or built from another version of the dataset. This walks every array in bounded chunks
+damaged or built from another version of the dataset. This walks every array in bounded blocks
 (vectorized) and reports the first bad element of each check by file and position.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 
 from .algorithms.gpt_index import GPTIndexPlan
 from .builders.gpt import array_shapes
-from .chunks import CHUNK, first_bad
+from .blocks import BLOCK, first_bad
 from .errors import FormatError, MegacacheError
 from .megatron.cache import describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path
@@ -44,9 +44,9 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
         problems.append(f"{idxf}: document_indices[0] is {int(docs[0])}, expected 0")
     if docs[-1] != S:
         problems.append(f"{idxf}: document_indices[-1] is {int(docs[-1])}, expected the sequence count {S}")
-    for a in range(0, len(docs) - 1, CHUNK):
-        chunk = np.asarray(docs[a : a + CHUNK + 1])
-        bad = first_bad(np.diff(chunk) < 0)
+    for a in range(0, len(docs) - 1, BLOCK):
+        block = np.asarray(docs[a : a + BLOCK + 1])
+        bad = first_bad(np.diff(block) < 0)
         if bad is not None:
             k = a + bad
             problems.append(f"{idxf}: document_indices not monotone at entry {k + 1}: "
@@ -54,9 +54,9 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
             break
 
     expected = 0  # byte offset where the next sequence must start
-    for a in range(0, S, CHUNK):
-        lengths = np.asarray(ds.sequence_lengths[a : a + CHUNK], dtype=np.int64)
-        pointers = np.asarray(ds.sequence_pointers[a : a + CHUNK])
+    for a in range(0, S, BLOCK):
+        lengths = np.asarray(ds.sequence_lengths[a : a + BLOCK], dtype=np.int64)
+        pointers = np.asarray(ds.sequence_pointers[a : a + BLOCK])
         bad = first_bad(lengths < 0)
         if bad is not None:
             problems.append(f"{idxf}: sequence {a + bad} has negative length {int(lengths[bad])}")
@@ -75,11 +75,11 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
 
     if check_tokens and vocab_size is not None and not problems:
         tokens = ds.tokens
-        for a in range(0, len(tokens), CHUNK):
-            chunk = np.asarray(tokens[a : a + CHUNK])
-            bad = first_bad((chunk < 0) | (chunk >= vocab_size))
+        for a in range(0, len(tokens), BLOCK):
+            block = np.asarray(tokens[a : a + BLOCK])
+            bad = first_bad((block < 0) | (block >= vocab_size))
             if bad is not None:
-                problems.append(f"{binf}: token {a + bad} has id {int(chunk[bad])}, outside the vocabulary "
+                problems.append(f"{binf}: token {a + bad} has id {int(block[bad])}, outside the vocabulary "
                                 f"of size {vocab_size}")
                 break
     return problems
@@ -220,13 +220,13 @@ def _verify_gpt(e, v: EntryVerdict) -> None:
 def _check_document_index(path: str, doc: np.ndarray, lo: int, hi: int) -> list[str]:
     """Values inside the split's sequences, each sequence as often as the others (once per epoch)."""
     counts = np.zeros(hi - lo, dtype=np.int64)
-    for a in range(0, len(doc), CHUNK):
-        chunk = np.asarray(doc[a : a + CHUNK])
-        bad = first_bad((chunk < lo) | (chunk >= hi))
+    for a in range(0, len(doc), BLOCK):
+        block = np.asarray(doc[a : a + BLOCK])
+        bad = first_bad((block < lo) | (block >= hi))
         if bad is not None:
-            return [f"{path}: document_index[{a + bad}] is {int(chunk[bad])}, outside the split's sequences "
+            return [f"{path}: document_index[{a + bad}] is {int(block[bad])}, outside the split's sequences "
                     f"[{lo}, {hi})"]
-        counts += np.bincount(chunk - lo, minlength=hi - lo)
+        counts += np.bincount(block - lo, minlength=hi - lo)
     epochs = len(doc) // (hi - lo) if hi > lo else 0
     bad = first_bad(counts != epochs)
     if bad is not None:
@@ -247,8 +247,8 @@ def _check_sample_index(path: str, samples: np.ndarray, doc: np.ndarray, lengths
         return [f"{path}: sample_index[0] is ({int(samples[0, 0])}, {int(samples[0, 1])}), expected (0, 0)"], []
     previous = 0
     viable = list(extra_tokens)
-    for a in range(1, len(samples), CHUNK):
-        rows = np.asarray(samples[a : a + CHUNK], dtype=np.int64)
+    for a in range(1, len(samples), BLOCK):
+        rows = np.asarray(samples[a : a + BLOCK], dtype=np.int64)
         positions, offsets = rows[:, 0], rows[:, 1]
         steps = np.diff(positions, prepend=previous)
         bad = first_bad(steps < 0)
@@ -282,21 +282,21 @@ def _check_shuffle_index(path: str, shuffled: np.ndarray, num_samples: int) -> l
     if len(shuffled) < num_samples:
         return [f"{path}: {len(shuffled):,} entries, fewer than the sample index's {num_samples:,} samples"]
     seen = np.zeros(len(shuffled), dtype=bool)
-    for a in range(0, len(shuffled), CHUNK):
-        chunk = np.asarray(shuffled[a : a + CHUNK], dtype=np.int64)
-        bad = first_bad((chunk < 0) | (chunk >= len(shuffled)))
+    for a in range(0, len(shuffled), BLOCK):
+        block = np.asarray(shuffled[a : a + BLOCK], dtype=np.int64)
+        bad = first_bad((block < 0) | (block >= len(shuffled)))
         if bad is not None:
-            return [f"{path}: shuffle_index[{a + bad}] is {int(chunk[bad])}, outside [0, {len(shuffled):,})"]
-        # Repeats of earlier chunks, and within this one (a stable sort keeps the first of equals first).
-        repeats = np.flatnonzero(seen[chunk])
-        order = np.argsort(chunk, kind="stable")
-        ordered = chunk[order]
+            return [f"{path}: shuffle_index[{a + bad}] is {int(block[bad])}, outside [0, {len(shuffled):,})"]
+        # Repeats of earlier blocks, and within this one (a stable sort keeps the first of equals first).
+        repeats = np.flatnonzero(seen[block])
+        order = np.argsort(block, kind="stable")
+        ordered = block[order]
         within = order[1:][ordered[1:] == ordered[:-1]]
         if len(repeats) or len(within):
             bad = min(repeats[:1].tolist() + within.tolist())
-            return [f"{path}: shuffle_index[{a + bad}] is {int(chunk[bad])}, which appears earlier too: not a "
+            return [f"{path}: shuffle_index[{a + bad}] is {int(block[bad])}, which appears earlier too: not a "
                     f"permutation"]
-        seen[chunk] = True
+        seen[block] = True
     return []
 
 
@@ -321,25 +321,25 @@ def _verify_blend(e, v: EntryVerdict, gpt: dict) -> None:
     if v.problems:
         return  # includes inspect's dataset ids outside the description's datasets
     counts = np.zeros(len(datasets), dtype=np.int64)  # samples so far of each dataset
-    for a in range(0, len(dataset_index), CHUNK):
-        chunk = np.asarray(dataset_index[a : a + CHUNK], dtype=np.int64)
-        got = np.asarray(sample_index[a : a + CHUNK])
+    for a in range(0, len(dataset_index), BLOCK):
+        block = np.asarray(dataset_index[a : a + BLOCK], dtype=np.int64)
+        got = np.asarray(sample_index[a : a + BLOCK])
         # The samples of dataset d must be d's 0, 1, 2, ... in order: rank each element among its
-        # dataset's elements in this chunk (stable sort), then add the samples of earlier chunks.
-        order = np.argsort(chunk, kind="stable")
-        grouped = chunk[order]
+        # dataset's elements in this block (stable sort), then add the samples of earlier blocks.
+        order = np.argsort(block, kind="stable")
+        grouped = block[order]
         group_start = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
         group_sizes = np.diff(np.r_[group_start, len(grouped)])
         rank = np.arange(len(grouped)) - np.repeat(group_start, group_sizes)
-        want = np.empty(len(chunk), dtype=np.int64)
+        want = np.empty(len(block), dtype=np.int64)
         want[order] = counts[grouped] + rank
         bad = first_bad(got != want)
         if bad is not None:
             v.problems.append(f"{sample_path}: dataset_sample_index[{a + bad}] is {int(got[bad])}, but it is sample "
-                              f"{int(want[bad])} drawn from dataset {int(chunk[bad])}: each dataset's samples must "
+                              f"{int(want[bad])} drawn from dataset {int(block[bad])}: each dataset's samples must "
                               f"be 0, 1, 2, ... in order")
             return
-        counts += np.bincount(chunk, minlength=len(datasets))
+        counts += np.bincount(block, minlength=len(datasets))
     for d, child in enumerate(datasets):
         child_hash = description_hash(describe(child))
         entry = gpt.get(child_hash)

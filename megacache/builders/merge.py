@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..chunks import first_bad
+from ..blocks import first_bad
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import IndexedDataset, bin_path, idx_path

@@ -1,10 +1,11 @@
-"""Bounded-memory passes over arrays of any size (memory maps of datasets and caches)."""
+"""Bounded-memory passes over arrays of any size (memory maps of datasets and caches), a block of
+``BLOCK`` elements at a time."""
 
 from __future__ import annotations
 
 import numpy as np
 
-CHUNK = 1 << 22  # elements per vectorized step
+BLOCK = 1 << 22  # elements per vectorized step
 
 
 def first_bad(mask: np.ndarray) -> int | None:
