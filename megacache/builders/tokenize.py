@@ -113,17 +113,17 @@ def _unit_name(work_dir: str, index: int, suffix: str) -> str:
 def _prepare_work_dir(work_dir: str, fingerprint: str) -> list[int]:
     """Reuse a work directory left by an identical earlier run, else start it afresh.
     Returns the indices of units already finished."""
-    manifest = os.path.join(work_dir, "manifest.json")
+    record = os.path.join(work_dir, "fingerprint.json")
     if os.path.isdir(work_dir):
         try:
-            same = read_json(manifest).get("fingerprint") == fingerprint
+            same = read_json(record).get("fingerprint") == fingerprint
         except (OSError, ValueError):
             same = False
         if same:
             return sorted(int(n[5:12]) for n in os.listdir(work_dir) if n.endswith(".done"))
         remove_tree(work_dir, "stale")
     os.makedirs(work_dir)
-    write_json_atomic(manifest, {"fingerprint": fingerprint})
+    write_json_atomic(record, {"fingerprint": fingerprint})
     return []
 
 
