@@ -18,6 +18,7 @@ flags, without importing megatron-core or loading the tokenizer:
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import shlex
 
@@ -296,6 +297,14 @@ def tokenizer_flags(ids: dict, version: str) -> str | None:
     no flags of that version give them (another version's form, or a type megacache does not derive)."""
     if not isinstance(ids, dict):
         return None
+    # Every entry of a cache usually shares one tokenizer: derive once per identity (its JSON keeps
+    # the key order, which the comparison below depends on).
+    return _flags_of(json.dumps(ids), version)
+
+
+@functools.lru_cache(maxsize=256)
+def _flags_of(text: str, version: str) -> str | None:
+    ids = json.loads(text)
     flags = _candidate_flags(ids, version)
     if flags is None:
         return None
