@@ -38,7 +38,12 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eod-id", type=int, help="end-of-document id, overriding the tokenizer's own")
 
 
-def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> None:
+#: ``tokenize``'s exit status when the output is complete and exact but the fast backend disagreed
+#: with its reference on some unit (redone with the reference): worth a report, not a rerun.
+EXIT_BACKEND_DISAGREED = 3
+
+
+def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
     from .builders.tokenize import TokenizeConfig, summary, tokenize
 
     cfg = TokenizeConfig(
@@ -46,11 +51,13 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> None:
         append_eod=args.append_eod, tokenizer=args.tokenizer, tokenizer_type=args.tokenizer_type,
         tokenizer_model=args.tokenizer_model, vocab_file=args.vocab_file, merge_file=args.merge_file,
         eod_id=args.eod_id, skip_bad=args.skip_bad, unit_bytes=args.unit_bytes, threads=args.threads,
-        progress_interval_s=args.log_interval,
+        progress_interval_s=args.log_interval, backend=args.tokenizer_backend,
+        verify_fraction=args.verify_fraction, strict_backend=args.strict_backend,
     )
     result = tokenize(cfg, comm)
     if comm.rank == 0:
         print(summary(result), flush=True)
+    return EXIT_BACKEND_DISAGREED if result.disagreements else 0
 
 
 def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
@@ -236,6 +243,7 @@ def _add_version_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .backends import BACKENDS, DEFAULT_VERIFY_FRACTION
     from .megatron.flags import add_flags
     from .megatron.tokenizer import TOKENIZER_FLAGS
     from .megatron.training import SIZE_FLAGS
@@ -256,6 +264,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--unit-bytes", type=byte_size, default="64M",
                    help="size of a work unit of plain input (default 64M); units are resumable")
     p.add_argument("--threads", type=int, help="tokenizer threads per rank (default: cores / ranks per node)")
+    p.add_argument("--tokenizer-backend", choices=BACKENDS, default="auto",
+                   help="auto (default): gigatoken where it loads the tokenizer and passes its self-test, "
+                        "else the library Megatron uses; gigatoken: that or an error; hf: the library "
+                        "Megatron uses. The bytes written are the same with each")
+    p.add_argument("--verify-fraction", type=float, default=DEFAULT_VERIFY_FRACTION, metavar="F",
+                   help=f"fraction of documents gigatoken's output is checked on by encoding them again "
+                        f"with the reference library (default {DEFAULT_VERIFY_FRACTION}); a unit that "
+                        f"disagrees is redone with the reference and the exit status is "
+                        f"{EXIT_BACKEND_DISAGREED}")
+    p.add_argument("--strict-backend", action="store_true",
+                   help="stop with an error when gigatoken cannot run or disagrees, instead of falling back")
     p.add_argument("--log-interval", type=float, metavar="SECONDS",
                    help="progress interval (default: 0.5 on a terminal, 30 otherwise; 0 disables)")
     p.set_defaults(func=_cmd_tokenize)
@@ -337,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     comm = get_comm()
     try:
-        args.func(args, comm)
+        status = args.func(args, comm) or 0
     except MegacacheError as exc:
         # Raised on every rank alike (errors are agreed collectively), so rank 0 speaks for all.
         if comm.rank == 0:
@@ -351,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         if comm.size > 1:
             comm.abort(1)
         return 1
-    return 0
+    return status
 
 
 if __name__ == "__main__":

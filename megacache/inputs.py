@@ -21,6 +21,7 @@ messages are 1-based and count from the start of the file.
 
 from __future__ import annotations
 
+import functools
 import glob
 import gzip
 import json
@@ -31,6 +32,8 @@ import re
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
+
+import msgspec
 
 from .errors import InputError, MegacacheError
 
@@ -45,6 +48,20 @@ SUPPORTED = ".jsonl, .json, .txt (each optionally compressed as .gz or .zst), .p
 
 # json.loads = this scanner plus whitespace handling, a BOM check and Python-level calls per line.
 _scan_json = json.scanner.make_scanner(json.decoder.JSONDecoder())
+_FIELDS = tuple(f"f{i}" for i in range(64))
+
+
+@functools.lru_cache(maxsize=None)
+def _chunk_decoder(keys: tuple[str, ...]):
+    """A msgspec decoder of JSON lines holding string values under ``keys`` (None when the keys
+    repeat or are too many for one record type)."""
+    if len(set(keys)) != len(keys) or len(keys) > len(_FIELDS):
+        return None
+    fields = _FIELDS[:len(keys)]
+    record = msgspec.defstruct("Record", [(f, str) for f in fields], rename=dict(zip(fields, keys)))
+    return msgspec.json.Decoder(record)
+
+
 _TAIL_BLOCK = 1 << 16  # read size while finishing a line that runs past the unit's end
 _MAX_LISTED_KEYS = 10
 
@@ -58,6 +75,14 @@ class WorkUnit:
     start: int                # plain files: first byte offset; parquet: first row group; compressed: 0
     stop: int                 # plain: end byte offset (exclusive); parquet: end row group; compressed: file size
     size: int                 # on-disk bytes this unit covers (used for load balance and progress)
+
+    def describe(self) -> str:
+        """Where the unit lies, for messages."""
+        if self.fmt == "parquet":
+            return f"{self.path}, row groups {self.start}-{self.stop - 1} (work unit {self.index})"
+        if self.compression is not None:
+            return f"{self.path} (work unit {self.index})"
+        return f"{self.path}, bytes {self.start}-{self.stop} (work unit {self.index})"
 
 
 @dataclass
@@ -330,6 +355,10 @@ class _Lines:
         _report(self.unit.path, where, reason, self.skip_bad, self.bad)
 
     def parse(self, chunk: bytes) -> dict[str, list[str]]:
+        if self.unit.fmt == "jsonl":
+            texts = self._json_chunk(chunk)
+            if texts is not None:
+                return texts
         if self.unit.fmt == "txt" and b"\r\n" in chunk:
             # A txt line ends at "\n" or "\r\n"; any other "\r" is text.
             chunk = chunk.replace(b"\r\n", b"\n")
@@ -353,6 +382,27 @@ class _Lines:
                 except UnicodeDecodeError as e:
                     self.report(self.where(i), _utf8_problem(e))
         return dict.fromkeys(self.keys, docs)
+
+    def _json_chunk(self, chunk: bytes) -> dict[str, list[str]] | None:
+        """The whole chunk decoded by msgspec (several times faster than line by line), or None.
+
+        msgspec accepts a subset of what json.loads accepts and gives the same values there (the
+        last of duplicate keys included); it refuses the rest (NaN, lone surrogates, a BOM, raw
+        control characters, a value that is not a string), and skips blank lines where json.loads
+        fails on them. A chunk it refuses or shortens goes to the line-by-line path, which reports
+        bad lines."""
+        decoder = _chunk_decoder(tuple(self.keys))
+        if decoder is None:
+            return None
+        try:
+            records = decoder.decode_lines(chunk)
+        except (msgspec.MsgspecError, UnicodeDecodeError):
+            return None
+        lines = chunk.count(b"\n") + (not chunk.endswith(b"\n"))
+        if len(records) != lines:
+            return None
+        self.lines += lines
+        return {key: [getattr(r, field) for r in records] for key, field in zip(self.keys, _FIELDS)}
 
     def _json(self, lines: list[bytes]) -> dict[str, list[str]]:
         # Fast path: the C scanner behind json.loads, called directly (2x faster on short lines).

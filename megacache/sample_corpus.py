@@ -80,3 +80,58 @@ def train_sample_tokenizer(path: str, vocab_size: int = 2000, documents: int = 3
     tok.train_from_iterator(sample_documents(documents, seed=seed), trainer)
     tok.save(path)
     return path
+
+
+# Prose with a natural vocabulary: what tokenizer throughput is measured on. The word lists above
+# repeat a few hundred words, which any encoder caching its pre-tokens serves from cache; natural
+# text follows Zipf's law over a vocabulary that keeps growing, so encoders meet new words all along.
+_ONSETS = ("", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "z",
+           "st", "tr", "ch", "sh", "th", "pl", "gr", "br", "cr", "fr", "sp", "qu", "wh")
+_NUCLEI = ("a", "e", "i", "o", "u", "ea", "ou", "ai", "ie", "y", "oo", "ee")
+_CODAS = ("", "", "n", "r", "s", "t", "l", "m", "nd", "st", "ng", "ck", "x", "rt", "ss", "ght")
+_FOREIGN = ("café", "naïve", "Zürich", "señor", "東京", "数据", "λόγος", "данные", "🙂", "→", "½",
+            "groß", "été", "niño", "Ωmega", "日本語", "한국어", "עברית", "عربى")
+
+
+def natural_lexicon(size: int, seed: int = 7) -> np.ndarray:
+    """``size`` distinct pseudo-words, shortest first (rank 0 is the most frequent word)."""
+    rng = np.random.default_rng(seed)
+    syllables = np.array([o + n + c for o in _ONSETS for n in _NUCLEI for c in _CODAS])
+    words: dict[str, None] = {}
+    while len(words) < size:
+        count = rng.choice(4, size, p=(0.3, 0.4, 0.2, 0.1)) + 1
+        picks = syllables[rng.integers(len(syllables), size=(size, 4))]
+        for row, k in zip(picks, count):
+            words["".join(row[:k])] = None
+    lexicon = np.array(list(words)[:size], dtype=object)
+    return lexicon[np.argsort(np.fromiter(map(len, lexicon), int, size), kind="stable")]
+
+
+def natural_documents(n: int, seed: int = 0, lexicon: np.ndarray | None = None) -> list[str]:
+    """``n`` documents of Zipf-distributed pseudo-words in sentences and paragraphs, with
+    capitals, punctuation, numbers, a little code and non-ASCII text."""
+    lexicon = natural_lexicon(200_000) if lexicon is None else lexicon
+    rng = np.random.default_rng(seed)
+    cdf = np.cumsum(1.0 / (np.arange(len(lexicon)) + 2.7))
+    cdf /= cdf[-1]
+    lengths = np.minimum(rng.lognormal(5.3, 0.9, n).astype(int) + 5, 20_000)  # words per document
+    words = lexicon[np.searchsorted(cdf, rng.random(int(lengths.sum())))]
+    marks = rng.random(len(words))
+    words[marks < 0.004] = [f"{v}" for v in rng.integers(0, 100_000, int((marks < 0.004).sum()))]
+    foreign = (marks >= 0.004) & (marks < 0.006)
+    words[foreign] = np.array(_FOREIGN, dtype=object)[rng.integers(len(_FOREIGN), size=int(foreign.sum()))]
+    ends = rng.random(len(words))
+    # After each word: a sentence end, a paragraph end, a comma or a space; a document's first word
+    # and the word after an end are capitalised.
+    seps = np.select([ends < 0.07, ends >= 0.995, ends > 0.93], [". ", ".\n\n", ", "], " ").astype(object)
+    starts = np.zeros(len(words), bool)
+    starts[np.r_[0, np.cumsum(lengths)[:-1]]] = True
+    capital = np.flatnonzero(starts | np.r_[True, (ends < 0.07) | (ends >= 0.995)][:-1])
+    words[capital] = [w.capitalize() for w in words[capital]]
+    pieces = np.empty(2 * len(words), dtype=object)
+    pieces[0::2], pieces[1::2] = words, seps
+    bounds = 2 * np.r_[0, np.cumsum(lengths)]
+    docs = ["".join(pieces[a:b]).strip() for a, b in zip(bounds[:-1], bounds[1:])]
+    for i in np.flatnonzero(rng.random(n) < 0.03):
+        docs[i] += f"\n\n```\ndef f{i}(x):\n    return x * {lengths[i]} + {i % 97}\n```"
+    return docs

@@ -84,6 +84,8 @@ class Tokenizer:
     """A loaded tokenizer: what ``megacache tokenize`` needs from it."""
 
     name: str  #: short human description
+    backend = "builtin"  #: the library that encodes (see backends.py)
+    reference: Tokenizer | None = None  #: for a fast backend, the tokenizer whose ids it must equal
     vocab_size: int  #: what Megatron's tokenizer reports as vocab_size (decides uint16 vs int32)
     eod: int | None  #: end-of-document id, None if the tokenizer has none and none was given
 
@@ -135,6 +137,8 @@ class NullTextTokenizer(Tokenizer):
 class BackendTokenizer(Tokenizer):
     """A ``transformers`` tokenizer, encoded in batches by its Rust backend."""
 
+    backend = "hf"
+
     def __init__(self, hf_tokenizer, name: str, *, include_special_tokens: bool = False):
         self.name = name
         self.vocab_size = len(hf_tokenizer)
@@ -153,12 +157,20 @@ class BackendTokenizer(Tokenizer):
         self._backend = hf_tokenizer.backend_tokenizer
         self._backend.no_truncation()
         self._backend.no_padding()
-        self._backend.encode_special_tokens = bool(hf_tokenizer.split_special_tokens)
+        self.splits_special_tokens = bool(hf_tokenizer.split_special_tokens)
+        self._backend.encode_special_tokens = self.splits_special_tokens
         self._add_special_tokens = include_special_tokens
         if not include_special_tokens:
             # Without special tokens a post-processor only sets type ids and offsets, never ids, but it
             # still copies every encoding (5-10% of the encode time, measured here).
             self._backend.post_processor = None
+
+    def tokenizer_json(self) -> str:
+        """The tokenizer.json of exactly what encodes: added tokens and switches included."""
+        return self._backend.to_str()
+
+    def added_tokens(self) -> list[str]:
+        return [t.content for t in self._backend.get_added_tokens_decoder().values()]
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if not _rayon_pool_threads and _parallelism_enabled():

@@ -16,11 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..backends import DEFAULT_VERIFY_FRACTION, check_sample, sampled, select_backend
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import optimal_dtype
@@ -32,7 +34,7 @@ from ..tokenization import Tokenizer, load_tokenizer
 from .assemble import Part, PartCounts, assemble, discard, guarded_output
 from .scheduling import contiguous_shares
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_UNIT_BYTES = 64 << 20
 MAX_BAD_LOCATIONS = 10
 
@@ -54,6 +56,12 @@ class TokenizeConfig:
     #: tokenizer threads per rank; default: the node's cores divided among its ranks
     threads: int | None = None
     progress_interval_s: float | None = None
+    #: auto | gigatoken | hf (backends.py); the bytes written are the same with each
+    backend: str = "auto"
+    #: fraction of documents a fast backend's guard encodes again with the reference
+    verify_fraction: float = DEFAULT_VERIFY_FRACTION
+    #: stop, rather than redo the unit with the reference, when the fast backend disagrees
+    strict_backend: bool = False
 
     def output_path(self, key: str) -> str:
         """Megatron's naming: ``{prefix}_{key}_document`` (preprocess_data.py, no sentence split)."""
@@ -78,6 +86,9 @@ class TokenizeResult:
     seconds: float
     ranks: int
     dtype: str
+    backend: str                     # which backend encoded, and why
+    checked_documents: int           # documents the guard encoded again with the reference
+    disagreements: list[str]         # units the fast backend got wrong (redone with the reference)
 
 
 def _load_tokenizer(cfg: TokenizeConfig, threads: int) -> Tokenizer:
@@ -148,14 +159,48 @@ def _check_range(ids: np.ndarray, dtype: np.dtype, unit: WorkUnit, tok: Tokenize
         )
 
 
+class _Disagreement(Exception):
+    def __init__(self, document: int):
+        self.document = document
+
+
 def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.dtype,
                    progress: Progress, tag: str) -> None:
-    """Tokenize one unit into its part files, then record it as done."""
+    """Tokenize one unit into its part files, then record it as done. Where the guard finds the
+    fast backend disagreeing with its reference, the unit is redone with the reference."""
+    record = {"backend": tok.backend, "disagreement": None}
+    try:
+        record.update(_write_unit(cfg, unit, tok, dtype, progress, tag))
+    except _Disagreement as d:
+        where = f"document {d.document + 1} of {unit.describe()}"
+        if cfg.strict_backend:
+            raise MegacacheError(
+                f"--strict-backend: {tok.backend} disagrees with {tok.reference.backend} on {where}; "
+                "nothing was written. Rerun with --tokenizer-backend hf (and please report the document)"
+            ) from None
+        print(f"megacache tokenize: warning: {tok.backend} disagrees with {tok.reference.backend} on "
+              f"{where}; that unit is tokenized again with {tok.reference.backend}", file=sys.stderr, flush=True)
+        record = {"backend": tok.reference.backend, "disagreement": where}
+        record.update(_write_unit(cfg, unit, tok.reference, dtype, progress, tag))
+    for key in cfg.json_keys:
+        for kind in ("bin", "doclen"):
+            final = _unit_name(cfg.work_dir, unit.index, f"{key}.{kind}")
+            publish(tmp_path(final, tag), final)
+    write_json_atomic(_unit_name(cfg.work_dir, unit.index, "done"), {"unit": asdict(unit), **record})
+
+
+def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.dtype,
+                progress: Progress, tag: str) -> dict:
+    """Encode one unit into its temporary part files: its counts, bad records and guard tally.
+    Raises _Disagreement (the part files removed, its progress taken back) when the guard catches
+    ``tok`` disagreeing with its reference."""
     bad = BadRecords()
     parts = {k: (tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.bin"), tag),
                  tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.doclen"), tag)) for k in cfg.json_keys}
     counts = {k: [0, 0, 0] for k in cfg.json_keys}
-    done_bytes = 0
+    reported = {"bytes": 0, "docs": 0, "tokens": 0}
+    documents = checked = 0
+    guarded = tok.reference is not None
     opened = []
 
     def create(path: str):
@@ -167,38 +212,47 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
         files = {k: (create(b), create(d)) for k, (b, d) in parts.items()}
         for batch in read_unit(unit, cfg.json_keys, cfg.skip_bad, bad):
             batch_tokens = 0
+            batch_docs = len(batch.texts[cfg.json_keys[0]])
+            check = sampled(documents, batch_docs, cfg.verify_fraction) if guarded else None
             for key in cfg.json_keys:
-                ids, lengths = tok.encode_batch(batch.texts[key])
+                texts = batch.texts[key]
+                ids, lengths = tok.encode_batch(texts)
+                if guarded:
+                    wrong = check_sample(tok, texts, ids, lengths, check)
+                    if wrong is not None:
+                        raise _Disagreement(documents + wrong)
+                    checked += int(np.count_nonzero(check))
                 if cfg.append_eod:
                     ids, lengths = _with_eod(ids, lengths, tok.eod)
                 _check_range(ids, dtype, unit, tok)
                 fb, fd = files[key]
                 with writing(fb.name):
-                    fb.write(ids.astype(dtype, copy=False).tobytes())
+                    fb.write(memoryview(ids.astype(dtype, copy=False)))
                 with writing(fd.name):
-                    fd.write(lengths.astype(np.int32, copy=False).tobytes())
+                    fd.write(memoryview(lengths.astype(np.int32, copy=False)))
                 c = counts[key]
                 c[0] += len(lengths)
                 c[1] += int(np.count_nonzero(lengths))
                 c[2] += int(ids.size)
                 batch_tokens += int(ids.size)
-            progress.add(bytes=batch.bytes_done - done_bytes, docs=len(batch.texts[cfg.json_keys[0]]),
-                         tokens=batch_tokens)
-            done_bytes = batch.bytes_done
+            step = {"bytes": batch.bytes_done - reported["bytes"], "docs": batch_docs, "tokens": batch_tokens}
+            progress.add(**step)
+            for k, v in step.items():
+                reported[k] += v
+            documents += batch_docs
     except BaseException:
+        for f in opened:
+            f.close()
+        opened.clear()
         for b, d in parts.values():  # a rerun starts the unit afresh
             remove_quietly(b)
             remove_quietly(d)
+        progress.add(**{k: -v for k, v in reported.items()})
         raise
     finally:
         for f in opened:
             f.close()
-    for key, (b, d) in parts.items():
-        publish(b, _unit_name(cfg.work_dir, unit.index, f"{key}.bin"))
-        publish(d, _unit_name(cfg.work_dir, unit.index, f"{key}.doclen"))
-    write_json_atomic(_unit_name(cfg.work_dir, unit.index, "done"), {
-        "unit": asdict(unit), "counts": counts, "bad_count": bad.count, "bad_first": bad.first,
-    })
+    return {"counts": counts, "bad_count": bad.count, "bad_first": bad.first, "checked": checked}
 
 
 def _load_part(cfg: TokenizeConfig, key: str, index: int) -> Part:
@@ -215,6 +269,8 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
         raise MegacacheError("--json-keys: give at least one key")
     if cfg.unit_bytes < 1:
         raise MegacacheError(f"--unit-bytes must be positive, got {cfg.unit_bytes}")
+    if not 0 <= cfg.verify_fraction <= 1:
+        raise MegacacheError(f"--verify-fraction must be between 0 and 1, got {cfg.verify_fraction}")
 
     def plan():
         paths = expand_inputs(cfg.inputs)
@@ -223,9 +279,11 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
     paths, units = comm.on_root(plan, "planning the inputs")
 
     with comm.agreed("loading the tokenizer"):
-        tok = _load_tokenizer(cfg, cfg.threads or _default_threads(comm))
-        if cfg.append_eod and tok.eod is None:
-            raise MegacacheError(f"--append-eod: {tok.name} has no end-of-document token; pass --eod-id")
+        threads = cfg.threads or _default_threads(comm)
+        reference = _load_tokenizer(cfg, threads)
+        if cfg.append_eod and reference.eod is None:
+            raise MegacacheError(f"--append-eod: {reference.name} has no end-of-document token; pass --eod-id")
+        tok, backend = select_backend(reference, cfg.backend, threads, cfg.strict_backend)
     dtype = optimal_dtype(tok.vocab_size)
 
     outputs = [cfg.output_path(k) for k in cfg.json_keys]
@@ -237,6 +295,8 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
         outputs={k: cfg.output_path(k) for k in cfg.json_keys}, documents=documents, tokens=tokens,
         units=len(units), units_reused=len(reused), bad_count=sum(r["bad_count"] for r in ordered),
         bad_first=bad_first, seconds=time.monotonic() - t0, ranks=comm.size, dtype=dtype.name,
+        backend=backend, checked_documents=sum(r["checked"] for r in ordered),
+        disagreements=[r["disagreement"] for r in ordered if r["disagreement"]],
     )
 
 
@@ -306,6 +366,12 @@ def summary(result: TokenizeResult) -> str:
     total = sum(result.tokens.values())
     rate = total / max(result.seconds, 1e-9)
     lines.append(f"  throughput: {rate:,.0f} tokens/s total, {rate / result.ranks:,.0f} tokens/s per rank")
+    lines.append(f"  tokenizer backend: {result.backend}")
+    if result.checked_documents or result.disagreements:
+        lines.append(f"  exactness guard: {result.checked_documents:,} documents encoded again by the reference: "
+                     + (f"{len(result.disagreements)} unit(s) disagreed and were tokenized again by it: "
+                        + "; ".join(result.disagreements[:MAX_BAD_LOCATIONS])
+                        if result.disagreements else "all equal"))
     if result.bad_count:
         lines.append(f"  skipped {result.bad_count} bad record(s); first: " + "; ".join(result.bad_first))
     return "\n".join(lines)

@@ -50,9 +50,10 @@ def test_every_format_gives_megatron_bytes(tmp_path, bpe, reference, suffix):
     cuts = [0, 150, 151, 999999]
     for f in range(3):
         write_input(str(tmp_path / f"part_{f}{suffix}"), docs[cuts[f] : cuts[f + 1]])
-    run_megacache(2, "tokenize", "--input", str(tmp_path / f"part_*{suffix}"), "--output-prefix",
-                  str(tmp_path / "out"), "--tokenizer", bpe, "--append-eod", "--unit-bytes", "4K")
+    run = run_megacache(2, "tokenize", "--input", str(tmp_path / f"part_*{suffix}"), "--output-prefix",
+                        str(tmp_path / "out"), "--tokenizer", bpe, "--append-eod", "--unit-bytes", "4K")
     assert file_bytes(str(tmp_path / "out_text_document")) == reference[True]
+    assert "tokenizer backend: gigatoken" in run.stdout  # the default backend, exact
 
 
 @pytest.mark.parametrize("ranks", [1, 2, 3, 4])
@@ -60,9 +61,10 @@ def test_same_bytes_for_any_rank_count(tmp_path, bpe, reference, ranks):
     docs = documents()
     for f, (a, b) in enumerate([(0, 100), (100, 101), (101, 300), (300, None)]):
         write_input(str(tmp_path / f"shard_{f}.jsonl"), docs[a:b])
-    run_megacache(ranks, "tokenize", "--input", str(tmp_path), "--output-prefix", str(tmp_path / "out"),
-                  "--tokenizer", bpe, "--unit-bytes", "3K")
+    run = run_megacache(ranks, "tokenize", "--input", str(tmp_path), "--output-prefix", str(tmp_path / "out"),
+                        "--tokenizer", bpe, "--unit-bytes", "3K")
     assert file_bytes(str(tmp_path / "out_text_document")) == reference[False]
+    assert "tokenizer backend: gigatoken" in run.stdout
     assert not [n for n in os.listdir(tmp_path) if "megacache" in n], "work files left behind"
 
 

@@ -81,8 +81,8 @@ def megacache_cmd(ranks: int, *args: str) -> list[str]:
     return base if ranks == 1 else ["mpiexec", "-n", str(ranks), *base]
 
 
-def run_megacache(ranks: int, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+def run_megacache(ranks: int, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
     proc = subprocess.run(megacache_cmd(ranks, *args), capture_output=True, text=True, env=env, timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"megacache {' '.join(args)} on {ranks} rank(s) exited {proc.returncode}:\n"

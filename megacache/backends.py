@@ -1,0 +1,196 @@
+"""Tokenizer backends: the library Megatron runs, or gigatoken, kept exact by a guard.
+
+``tokenization.py`` loads the *reference* tokenizer: the very library Megatron's preprocess_data.py
+ends up in (Hugging Face ``tokenizers`` under ``transformers``). gigatoken (a Rust BPE encoder, several
+times faster) applies the same pair-merge rule and gives the same ids on every tokenizer we tried,
+but that is by design, not by construction for every tokenizer.json. So it only runs behind a guard:
+
+* at load, the self-test: both encode ``SELF_TEST_TEXTS`` plus every added token placed inside text;
+  any difference and ``auto`` keeps the reference (``gigatoken`` asked for by name is an error);
+* while tokenizing, a deterministic sample of every work unit's documents (``sampled``) is encoded
+  again by the reference and compared; the tokenize builder redoes a unit that disagrees with the
+  reference, so the bytes written never depend on the backend.
+
+Which tokenizers gigatoken takes: byte-level BPE and SentencePiece-style BPE with byte fallback
+(everything else, WordPiece and Unigram among them, it refuses at load and the reference runs).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .errors import MegacacheError
+from .tokenization import BackendTokenizer, Tokenizer
+
+BACKENDS = ("auto", "gigatoken", "hf")
+
+#: Fraction of documents the reference encodes again. The reference is 4.7x (natural English) to 40x
+#: (the benchmark's generated text, which gigatoken's pre-token cache serves well) slower per token
+#: than gigatoken, so this costs 0.5-4% of gigatoken's throughput, and still checks about a hundred
+#: documents of every 64 MB work unit.
+DEFAULT_VERIFY_FRACTION = 0.001
+
+#: Test hook: gigatoken's ids for any document containing this text are made wrong (first id + 1),
+#: so that tests can show the guard at work on a real run. Never set it otherwise.
+FAULT_ENV = "MEGACACHE_TEST_GIGATOKEN_FAULT"
+
+#: What the self-test encodes with both backends, besides the tokenizer's own added tokens.
+SELF_TEST_TEXTS = (
+    "",
+    " ",
+    "Hello, world! The quick brown fox jumps over the lazy dog.",
+    "  leading spaces, trailing spaces   ",
+    "tabs\tand\nnewlines\r\nand\n\n\nblank lines\u3000ideographic space\u00a0nbsp",
+    "    deeply    indented     words\t\t\tand tabs",
+    "combining: e\u0301 a\u0308 n\u0303; precomposed: \u00e9 \u00e4 \u00f1; Hangul \u1100\u1161 \uac00",
+    "emoji: \U0001f600\U0001f44d\U0001f3fd \U0001f468\u200d\U0001f469\u200d\U0001f467 \u2764\ufe0f flags \U0001f1e9\U0001f1ea",
+    "CJK \u4e2d\u6587\u5b57\u7b26 \u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 Cyrillic \u043f\u0440\u0438\u0432\u0435\u0442 Arabic \u0645\u0631\u062d\u0628\u0627",
+    "def f(x):\n    return {'a': [x ** 2, x // 3]}  # code\n\nif __name__ == '__main__':\n\tprint(f(7))",
+    "numbers 0 1 12 123 1234 12345 3.14159 -42 1e-9 0xFF 2026-11-24",
+    "a" * 3000,
+    "ab " * 1000,
+    "\U0001f600" * 300,
+    "!!!???...,,,;;;:::---___===+++***",
+    "zero\u200bwidth\u200cjoiners\u200d and \ufeffBOM and \u0000 NUL and \x7f DEL",
+    "mixed CASE Words ALLCAPS camelCase snake_case kebab-case",
+)
+
+
+class GigatokenTokenizer(Tokenizer):
+    """gigatoken's ids for the reference's tokenizer: same name, vocab_size and EOD."""
+
+    backend = "gigatoken"
+
+    def __init__(self, reference: BackendTokenizer, engine, parallel: bool):
+        self.reference = reference
+        self.name = reference.name
+        self.vocab_size = reference.vocab_size
+        self.eod = reference.eod
+        self._engine = engine
+        self._parallel = parallel
+        self._fault = os.environ.get(FAULT_ENV) or None
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            encoded = self._engine.encode_batch(texts, parallel=self._parallel)
+        except Exception:
+            # What gigatoken refuses (not a list of str, unpaired surrogates): the reference's ids,
+            # or its error naming the document.
+            return self.reference.encode_batch(texts)
+        offsets = np.asarray(encoded.layout.offsets.data)
+        lengths = np.diff(offsets)
+        ids = np.asarray(encoded.layout.content.data)[offsets[0]:offsets[-1]]
+        if self._fault is not None:
+            ids = _inject_fault(texts, ids, lengths, self._fault)
+        return ids, lengths
+
+
+def _inject_fault(texts, ids, lengths, marker):
+    hit = np.fromiter((marker in t for t in texts), bool, len(texts)) & (lengths > 0)
+    if hit.any():
+        ids = ids.astype(np.int64)
+        ids[(np.cumsum(lengths) - lengths)[hit]] += 1
+    return ids
+
+
+def select_backend(reference: Tokenizer, backend: str, threads: int, strict: bool) -> tuple[Tokenizer, str]:
+    """The tokenizer to encode with, and a line saying which backend runs and why.
+
+    ``backend``: ``auto`` (gigatoken where it loads the tokenizer and passes the self-test, else the
+    reference), ``gigatoken`` (an error where it cannot run exactly) or ``hf`` (the reference).
+    ``strict`` turns auto's fall-backs into errors too."""
+    if backend not in BACKENDS:
+        raise MegacacheError(f"--tokenizer-backend {backend!r}: choose one of {', '.join(BACKENDS)}")
+    if backend == "hf":
+        return reference, f"{reference.backend} (--tokenizer-backend hf)"
+    insist = backend == "gigatoken" or strict
+
+    def fall_back(why: str) -> tuple[Tokenizer, str]:
+        if insist:
+            flag = "--tokenizer-backend gigatoken" if backend == "gigatoken" else "--strict-backend"
+            raise MegacacheError(f"{flag}: {why}; use --tokenizer-backend auto or hf")
+        return reference, f"{reference.backend} ({why})"
+
+    if not isinstance(reference, BackendTokenizer):
+        return fall_back(f"gigatoken does not apply to {reference.name}")
+    if reference.splits_special_tokens:
+        return fall_back("gigatoken always matches special tokens in text, this tokenizer splits them")
+    try:
+        import gigatoken
+    except ImportError:
+        return fall_back("the gigatoken package is not installed")
+    try:
+        engine = gigatoken.Tokenizer.from_json(reference.tokenizer_json())
+    except Exception as exc:  # gigatoken raises RuntimeError/ValueError for what it does not support
+        return fall_back(f"gigatoken cannot load it: {str(exc).splitlines()[0]}")
+    fast = GigatokenTokenizer(reference, engine, parallel=threads > 1)
+    texts = self_test_texts(reference.added_tokens())
+    problem = first_difference(fast, reference, texts)
+    if problem is not None:
+        return fall_back(f"gigatoken disagrees with {reference.backend} on the self-test text {texts[problem]!r}")
+    version = getattr(gigatoken, "__version__", None) or _distribution_version("gigatoken")
+    return fast, f"gigatoken {version} (self-test equal to {reference.backend} on {len(texts)} texts)"
+
+
+def self_test_texts(added_tokens: list[str]) -> list[str]:
+    """SELF_TEST_TEXTS plus each added token alone, glued to words and spaced out (at most 64)."""
+    texts = list(SELF_TEST_TEXTS)
+    for token in added_tokens[:64]:
+        texts += [token, f"before{token}after", f" {token} ", f"x {token}{token}\n{token}"]
+    return texts
+
+
+def first_difference(tok: Tokenizer, reference: Tokenizer, texts: list[str]) -> int | None:
+    """Index of the first text the two encode differently, or None."""
+    ids, lengths = tok.encode_batch(texts)
+    return _first_unequal(np.arange(len(texts)), ids, lengths, *reference.encode_batch(texts))
+
+
+def sampled(first: int, count: int, fraction: float) -> np.ndarray:
+    """Which of documents ``first .. first+count-1`` (numbered within a work unit) the guard checks:
+    a boolean mask. A hash of the number decides, so the sample is the same on every run and rank
+    count and spreads over the unit."""
+    if fraction <= 0:
+        return np.zeros(count, bool)
+    if fraction >= 1:
+        return np.ones(count, bool)
+    x = np.arange(first, first + count, dtype=np.uint64)
+    # splitmix64's finaliser: a bijection of 64-bit integers that scatters consecutive numbers.
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x < np.uint64(int(fraction * 2.0**64))
+
+
+def check_sample(tok: Tokenizer, texts: list[str], ids: np.ndarray, lengths: np.ndarray,
+                 mask: np.ndarray) -> int | None:
+    """Re-encode the masked documents with ``tok.reference``; the batch index of one whose ids
+    differ from ``ids``/``lengths``, or None."""
+    chosen = np.flatnonzero(mask)
+    if chosen.size == 0:
+        return None
+    ref_ids, ref_lengths = tok.reference.encode_batch([texts[i] for i in chosen])
+    return _first_unequal(chosen, ids[np.repeat(mask, lengths)], lengths[chosen], ref_ids, ref_lengths)
+
+
+def _first_unequal(numbers, ids, lengths, ref_ids, ref_lengths) -> int | None:
+    """``numbers[k]`` for a document k the two encodings disagree on (the first of a different
+    length, else the first with different ids), or None."""
+    if np.array_equal(lengths, ref_lengths):
+        if np.array_equal(ids, ref_ids):
+            return None
+        doc = np.repeat(np.arange(len(lengths)), lengths)
+        return int(numbers[doc[np.flatnonzero(ids != ref_ids)[0]]])
+    return int(numbers[np.flatnonzero(lengths != ref_lengths)[0]])
+
+
+def _distribution_version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "(version unknown)"
