@@ -119,6 +119,15 @@ def tokenize(spec_path: str, out: str) -> None:
         encoded.extend(e.ids for e in tok.encode_batch_fast(docs[i:i + 1024], add_special_tokens=False))
     phases["encode"] = time.perf_counter() - t
 
+    # gigatoken's raw throughput on the same texts, same threads, same batches: the bar for megacache.
+    import gigatoken
+
+    t = time.perf_counter()
+    fast = gigatoken.Tokenizer(a["tokenizer"])
+    for i in range(0, len(docs), 1024):
+        fast.encode_batch(docs[i:i + 1024], parallel=a["threads"] > 1)
+    phases["encode_gigatoken"] = time.perf_counter() - t
+
     t = time.perf_counter()
     builder = IndexedDatasetBuilder(os.path.join(out, "corpus_text_document.bin"),
                                     dtype=np.uint16 if tok.get_vocab_size() < 65500 else np.int32)

@@ -5,9 +5,10 @@ command (run under ``mpiexec -n P``) and the reference command (megatron-core, o
 writing into a given output directory whose files must then be equal byte for byte. Sizes are the
 issue's at factor 1 and scale linearly with it (with floors that keep tiny runs valid):
 
-* ``tokenize``: 100 MB of generated English-like text (jsonl shards of the sample corpus), a 32k
-  byte-level BPE trained here, ``--append-eod``; reference: the tokenizer's ``encode_batch_fast`` on
-  all cores, written through megatron-core's ``IndexedDatasetBuilder``.
+* ``tokenize``: 100 MB of generated prose with a Zipfian 200k-word vocabulary
+  (``sample_corpus.natural_documents``), a 32k byte-level BPE trained on it, ``--append-eod``;
+  reference: the tokenizer's ``encode_batch_fast`` on all cores, written through megatron-core's
+  ``IndexedDatasetBuilder``; beside it, gigatoken's raw ``encode_batch`` on the same texts and threads.
 * ``build_gpt``: one dataset of 2e7 documents (lognormal lengths, mean 1000 tokens, a sparse ``.bin``:
   the indices depend on lengths only), L = 4096, split "969, 30, 1", 2.5 train epochs.
 * ``build_blend``: 1000 such datasets, 5e10 tokens in all (lognormal shares), a weighted blend
@@ -75,12 +76,14 @@ def _write_spec(work: str, spec: dict) -> str:
 def make_corpus(directory: str, megabytes: float) -> tuple[int, int]:
     """jsonl shards of 4000 generated documents each (zero-padded names, so name order is
     megacache's natural order), stopping once ``megabytes`` are written; (bytes, documents)."""
-    from megacache.sample_corpus import sample_documents
+    from megacache.sample_corpus import natural_documents, natural_lexicon
+
+    lexicon = natural_lexicon(200_000)
 
     os.makedirs(directory, exist_ok=True)
     written = documents = shard = 0
     while written < megabytes * 1e6:
-        lines = [json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in sample_documents(4000, seed=shard)]
+        lines = [json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in natural_documents(4000, shard, lexicon)]
         sizes = np.cumsum([len(line.encode()) for line in lines])
         keep = min(len(lines), int(np.searchsorted(sizes, megabytes * 1e6 - written)) + 1)
         with open(os.path.join(directory, f"shard_{shard:05d}.jsonl"), "w", encoding="utf-8") as f:
@@ -97,7 +100,7 @@ def tokenize(work: str, suite: Suite, factor: float) -> Case:
     corpus = os.path.join(work, "corpus")
     nbytes, documents = make_corpus(corpus, 100 * factor)
     tokenizer = train_sample_tokenizer(os.path.join(work, "tokenizer.json"), VOCAB_SIZE,
-                                       documents=suite.tokenizer_documents, seed=12345)
+                                       documents=suite.tokenizer_documents, seed=12345, natural=True)
     # Units small enough that 8 ranks all get several (at factor 1 about one per shard).
     unit_bytes = max(1 << 16, nbytes // 32)
     threads = len(os.sched_getaffinity(0))

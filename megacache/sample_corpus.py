@@ -67,9 +67,11 @@ def write_sample_corpus(output_dir: str, files: int = 4, documents_per_file: int
     return paths
 
 
-def train_sample_tokenizer(path: str, vocab_size: int = 2000, documents: int = 3000, seed: int = 99) -> str:
+def train_sample_tokenizer(path: str, vocab_size: int = 2000, documents: int = 3000, seed: int = 99,
+                           natural: bool = False) -> str:
     """A real byte-level BPE tokenizer (GPT-2 style, ``<|endoftext|>`` special) trained on the sample
-    corpus, saved as ``tokenizer.json``: for tests, demos and benchmarks, with nothing downloaded."""
+    corpus (``natural``: on ``natural_documents``), saved as ``tokenizer.json``: for tests, demos and
+    benchmarks, with nothing downloaded."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -77,7 +79,8 @@ def train_sample_tokenizer(path: str, vocab_size: int = 2000, documents: int = 3
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(sample_documents(documents, seed=seed), trainer)
+    text = natural_documents(documents, seed) if natural else sample_documents(documents, seed=seed)
+    tok.train_from_iterator(text, trainer)
     tok.save(path)
     return path
 
