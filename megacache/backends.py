@@ -12,17 +12,19 @@ but that is by design, not by construction for every tokenizer.json. So it only 
   reference, so the bytes written never depend on the backend.
 
 Which tokenizers gigatoken takes: byte-level BPE and SentencePiece-style BPE with byte fallback
-(everything else, WordPiece and Unigram among them, it refuses at load and the reference runs).
+(everything else, WordPiece and Unigram among them, it refuses at load and the reference runs), from
+a Hugging Face tokenizer.json or a SentencePiece ``.model``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 
 from .errors import MegacacheError
-from .tokenization import BackendTokenizer, Tokenizer
+from .tokenization import BackendTokenizer, SentencePieceModel, Tokenizer
 
 BACKENDS = ("auto", "gigatoken", "hf")
 
@@ -100,38 +102,59 @@ def select_backend(reference: Tokenizer, backend: str, threads: int, strict: boo
 
     ``backend``: ``auto`` (gigatoken where it loads the tokenizer and passes the self-test, else the
     reference), ``gigatoken`` (an error where it cannot run exactly) or ``hf`` (the reference).
-    ``strict`` turns auto's fall-backs into errors too."""
+    ``strict`` makes a failed self-test an error too."""
     if backend not in BACKENDS:
         raise MegacacheError(f"--tokenizer-backend {backend!r}: choose one of {', '.join(BACKENDS)}")
     if backend == "hf":
         return reference, f"{reference.backend} (--tokenizer-backend hf)"
-    insist = backend == "gigatoken" or strict
 
-    def fall_back(why: str) -> tuple[Tokenizer, str]:
-        if insist:
+    def fall_back(why: str, disagreement: bool = False) -> tuple[Tokenizer, str]:
+        if backend == "gigatoken" or (strict and disagreement):
             flag = "--tokenizer-backend gigatoken" if backend == "gigatoken" else "--strict-backend"
             raise MegacacheError(f"{flag}: {why}; use --tokenizer-backend auto or hf")
         return reference, f"{reference.backend} ({why})"
 
-    if not isinstance(reference, BackendTokenizer):
-        return fall_back(f"gigatoken does not apply to {reference.name}")
-    if reference.splits_special_tokens:
-        return fall_back("gigatoken always matches special tokens in text, this tokenizer splits them")
     try:
         import gigatoken
     except ImportError:
         return fall_back("the gigatoken package is not installed")
     try:
-        engine = gigatoken.Tokenizer.from_json(reference.tokenizer_json())
+        engine = _gigatoken_engine(gigatoken, reference)
+    except _NotForGigatoken as exc:
+        return fall_back(str(exc))
     except Exception as exc:  # gigatoken raises RuntimeError/ValueError for what it does not support
         return fall_back(f"gigatoken cannot load it: {str(exc).splitlines()[0]}")
     fast = GigatokenTokenizer(reference, engine, parallel=threads > 1)
     texts = self_test_texts(reference.added_tokens())
     problem = first_difference(fast, reference, texts)
     if problem is not None:
-        return fall_back(f"gigatoken disagrees with {reference.backend} on the self-test text {texts[problem]!r}")
+        return fall_back(f"gigatoken disagrees with {reference.backend} on the self-test text {texts[problem]!r}",
+                         disagreement=True)
     version = getattr(gigatoken, "__version__", None) or _distribution_version("gigatoken")
     return fast, f"gigatoken {version} (self-test equal to {reference.backend} on {len(texts)} texts)"
+
+
+class _NotForGigatoken(Exception):
+    pass
+
+
+def _gigatoken_engine(gigatoken, reference: Tokenizer):
+    """gigatoken's tokenizer for the same files, or _NotForGigatoken saying why there is none."""
+    if isinstance(reference, BackendTokenizer):
+        if reference.splits_special_tokens:
+            raise _NotForGigatoken("gigatoken always matches special tokens in text, this tokenizer splits them")
+        return gigatoken.Tokenizer.from_json(reference.tokenizer_json())
+    if isinstance(reference, SentencePieceModel):
+        # gigatoken's conversion lists the control symbols (<s>, </s>) as special tokens, which it
+        # then matches in text; SentencePiece never makes them from text, so they are left out.
+        from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+
+        with open(reference.model_file, "rb") as f:
+            converted = json.loads(sentencepiece_to_tokenizer_json(f.read()))
+        control = set(reference.control_ids())
+        converted["added_tokens"] = [t for t in converted.get("added_tokens") or [] if t["id"] not in control]
+        return gigatoken.Tokenizer.from_json(json.dumps(converted))
+    raise _NotForGigatoken(f"gigatoken does not apply to {reference.name}")
 
 
 def self_test_texts(added_tokens: list[str]) -> list[str]:

@@ -31,10 +31,19 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
                    help="'byte' (embedded, default), a tokenizer.json or a directory holding one, a BERT "
                         "vocab.txt, or a directory with GPT-2 vocab.json + merges.txt")
     g.add_argument("--tokenizer-type", help="Megatron's --tokenizer-type (HuggingFaceTokenizer, "
-                                            "GPT2BPETokenizer, BertWordPieceLowerCase, BertWordPieceCase)")
-    g.add_argument("--tokenizer-model", help="Megatron's --tokenizer-model (HuggingFace file or directory)")
+                                            "GPT2BPETokenizer, BertWordPieceLowerCase, BertWordPieceCase, "
+                                            "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
+                                            "TikTokenizer, NullTokenizer)")
+    g.add_argument("--tokenizer-model", help="Megatron's --tokenizer-model (a Hugging Face file or directory, a "
+                                             "SentencePiece .model, a TikTokenizer .json rank file)")
     g.add_argument("--vocab-file", help="Megatron's --vocab-file")
     g.add_argument("--merge-file", help="Megatron's --merge-file")
+    g.add_argument("--vocab-size", type=int, help="Megatron's --vocab-size (NullTokenizer, TikTokenizer)")
+    g.add_argument("--tokenizer-special-tokens", nargs="+", metavar="TOKEN",
+                   help="Megatron's --tokenizer-special-tokens (Hugging Face types, TikTokenizer)")
+    g.add_argument("--tiktoken-pattern", choices=("v1", "v2"), help="Megatron's --tiktoken-pattern (default v2)")
+    g.add_argument("--tiktoken-num-special-tokens", type=int, default=1000,
+                   help="Megatron's --tiktoken-num-special-tokens (default 1000)")
     g.add_argument("--eod-id", type=int, help="end-of-document id, overriding the tokenizer's own")
 
 
@@ -50,6 +59,8 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
         inputs=args.input, output_prefix=args.output_prefix, json_keys=args.json_keys,
         append_eod=args.append_eod, tokenizer=args.tokenizer, tokenizer_type=args.tokenizer_type,
         tokenizer_model=args.tokenizer_model, vocab_file=args.vocab_file, merge_file=args.merge_file,
+        vocab_size=args.vocab_size, special_tokens=args.tokenizer_special_tokens,
+        tiktoken_pattern=args.tiktoken_pattern, tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
         eod_id=args.eod_id, skip_bad=args.skip_bad, unit_bytes=args.unit_bytes, threads=args.threads,
         progress_interval_s=args.log_interval, backend=args.tokenizer_backend,
         verify_fraction=args.verify_fraction, strict_backend=args.strict_backend,

@@ -48,7 +48,9 @@ from operator import attrgetter
 import numpy as np
 
 from .errors import MegacacheError
-from .megatron.tokenizer import BERT_CASED_EXTRA_TOKENS, MEGATRON_TYPES
+from .megatron.tokenizer import (BERT_CASED_EXTRA_TOKENS, MEGATRON_TYPES, SENTENCEPIECE_TYPES,
+                                 TIKTOKEN_DEFAULT_PATTERN, TIKTOKEN_DEFAULT_VOCAB_SIZE, TIKTOKEN_FILLER,
+                                 TIKTOKEN_PATTERNS, TIKTOKEN_REQUIRED_SPECIALS, check_tiktoken)
 
 #: The embedded byte tokenizer: ids 0..255 are UTF-8 bytes, EOD is 256.
 BYTE_EOD = 256
@@ -65,6 +67,8 @@ SUPPORTED_TYPES = (
     "BertWordPieceLowerCase",
     "BertWordPieceCase",
     "NullTokenizer",
+    *SENTENCEPIECE_TYPES,
+    "TikTokenizer",
 )
 UNSUPPORTED_TYPES = tuple(t for t in MEGATRON_TYPES if t not in SUPPORTED_TYPES)
 
@@ -92,6 +96,10 @@ class Tokenizer:
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Encode documents: (all ids concatenated, int64; each document's token count, int64)."""
         raise NotImplementedError
+
+    def added_tokens(self) -> list[str]:
+        """Special tokens a text may contain (what a second backend must treat alike)."""
+        return []
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: vocab_size={self.vocab_size} eod={self.eod}>"
@@ -185,6 +193,137 @@ class BackendTokenizer(Tokenizer):
         return ids, lengths
 
 
+class SentencePieceModel(Tokenizer):
+    """Megatron's SentencePiece types (SentencePieceTokenizer, GPTSentencePieceTokenizer,
+    Llama2Tokenizer): megatron-core builds all three as its sentencepiece library, whose ids are
+    ``encode_as_ids(text)`` of the model, vocab_size the model's piece count, EOD its eos id."""
+
+    backend = "sentencepiece"
+
+    def __init__(self, path: str, threads: int):
+        try:
+            import sentencepiece
+        except ImportError as exc:
+            raise MegacacheError("SentencePiece tokenizer types need the 'sentencepiece' package: "
+                                 "pip install sentencepiece") from exc
+        self.model_file = path
+        self._model = sentencepiece.SentencePieceProcessor()
+        try:
+            self._model.Load(path)
+        except (OSError, RuntimeError) as exc:
+            raise MegacacheError(f"--tokenizer-model {path}: not a SentencePiece model ({exc})") from exc
+        self.name = f"SentencePiece model ({path})"
+        self.vocab_size = self._model.get_piece_size()
+        eos = self._model.eos_id()
+        # A model trained without eos says -1, which Megatron would append and wrap.
+        self.eod = eos if eos >= 0 else None
+        self._threads = threads
+
+    def control_ids(self) -> list[int]:
+        """Ids of the control symbols (``<s>``, ``</s>``): never produced from text."""
+        return [i for i in range(self.vocab_size) if self._model.is_control(i)]
+
+    def added_tokens(self) -> list[str]:
+        model = self._model
+        return [model.id_to_piece(i) for i in range(self.vocab_size) if model.is_control(i) or model.is_unknown(i)]
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            encoded = self._model.encode(texts, out_type=int, num_threads=self._threads)
+        except (TypeError, RuntimeError) as exc:
+            raise _bad_document(texts) from exc
+        return _flatten(encoded)
+
+
+class TiktokenVocabulary(Tokenizer):
+    """Megatron's TikTokenizer: a JSON list of ``{"rank", "token_bytes" (base64), "token_str"}``
+    entries whose ids follow ``num_special_tokens`` special tokens; ``encode(text,
+    allowed_special="all")``, so special tokens written in the text are special."""
+
+    backend = "tiktoken"
+
+    def __init__(self, path: str, pattern: str | None, vocab_size: int | None, num_special_tokens: int,
+                 special_tokens: list[str] | None, threads: int):
+        try:
+            import tiktoken
+        except ImportError as exc:
+            raise MegacacheError("TikTokenizer needs the 'tiktoken' package: pip install tiktoken") from exc
+        pattern = pattern or TIKTOKEN_DEFAULT_PATTERN
+        vocab_size = TIKTOKEN_DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
+        check_tiktoken({"tiktoken_pattern": pattern, "tiktoken_num_special_tokens": num_special_tokens},
+                       special_tokens)
+        if not num_special_tokens < vocab_size:
+            raise MegacacheError(f"--tiktoken-num-special-tokens {num_special_tokens} must be below the "
+                                 f"vocabulary size {vocab_size} (megatron-core asserts)")
+        special = list(special_tokens or TIKTOKEN_REQUIRED_SPECIALS)
+        special += [TIKTOKEN_FILLER.format(id=i) for i in range(len(special), num_special_tokens)]
+        if len(set(special)) != len(special):
+            raise MegacacheError("the special tokens collide with megatron-core's <SPECIAL_N> fillers")
+        ranks = _tiktoken_ranks(path, vocab_size - num_special_tokens, num_special_tokens)
+        self.name = f"tiktoken vocabulary ({path}, pattern {pattern}, {num_special_tokens} special tokens)"
+        self.vocab_size = vocab_size
+        self.eod = special.index("</s>")
+        self._encoding = tiktoken.Encoding(name=os.path.basename(os.path.dirname(os.path.abspath(path))),
+                                           pat_str=TIKTOKEN_PATTERNS[pattern], mergeable_ranks=ranks,
+                                           special_tokens={t: i for i, t in enumerate(special)})
+        self.rank_file, self.pattern, self.special_tokens = path, pattern, special
+        self._threads = threads
+
+    def added_tokens(self) -> list[str]:
+        return self.special_tokens
+
+    def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        if not all(isinstance(t, str) for t in texts):
+            raise _bad_document(texts)
+        encoded = self._encoding.encode_batch(texts, num_threads=self._threads, allowed_special="all")
+        return _flatten(encoded)
+
+
+def _tiktoken_ranks(path: str, entries: int, shift: int) -> dict[bytes, int]:
+    """The first ``entries`` ranks of Megatron's tiktoken JSON file, shifted past the special tokens,
+    with megatron-core's checks made errors that name the file and entry."""
+    import base64
+    import binascii
+    import json
+
+    if not path.endswith(".json"):
+        raise MegacacheError(f"--tokenizer-model {path}: megatron-core reads a TikTokenizer vocabulary "
+                             "from a .json file (a list of rank, token_bytes, token_str entries)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            vocab = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise MegacacheError(f"--tokenizer-model {path}: cannot read it as JSON ({exc})") from exc
+    if not isinstance(vocab, list):
+        raise MegacacheError(f"--tokenizer-model {path}: the top level must be a list of entries")
+    if len(vocab) < entries:
+        raise MegacacheError(
+            f"--tokenizer-model {path}: {len(vocab)} entries, but the vocabulary size less the special "
+            f"tokens asks for {entries}: pass --vocab-size {len(vocab)} + --tiktoken-num-special-tokens "
+            "(megatron-core asserts)")
+    ranks: dict[bytes, int] = {}
+    for i, entry in enumerate(vocab[:entries]):
+        if not (isinstance(entry, dict) and entry.keys() == {"rank", "token_bytes", "token_str"}
+                and entry["rank"] == i):
+            raise MegacacheError(f"--tokenizer-model {path}: entry {i} must be {{\"rank\": {i}, \"token_bytes\": "
+                                 "..., \"token_str\": ...}")
+        try:
+            token = base64.b64decode(entry["token_bytes"], validate=True)
+        except (binascii.Error, TypeError) as exc:
+            raise MegacacheError(f"--tokenizer-model {path}: entry {i}: token_bytes is not base64") from exc
+        if i < 256 and token != bytes([i]):
+            raise MegacacheError(f"--tokenizer-model {path}: entry {i} must be the single byte {i}")
+        ranks[token] = i + shift
+    if len(ranks) != entries:
+        raise MegacacheError(f"--tokenizer-model {path}: some token_bytes repeat")
+    return ranks
+
+
+def _flatten(encoded: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    return np.fromiter(chain.from_iterable(encoded), np.int64, int(lengths.sum())), lengths
+
+
 def load_tokenizer(
     spec: str | None = None,
     *,
@@ -197,6 +336,8 @@ def load_tokenizer(
     vocab_size: int | None = None,
     include_special_tokens: bool = False,
     special_tokens: list[str] | None = None,
+    tiktoken_pattern: str | None = None,
+    tiktoken_num_special_tokens: int = 1000,
 ) -> Tokenizer:
     """Load the tokenizer named by ``spec`` (``--tokenizer``) or by Megatron's flags.
 
@@ -205,8 +346,10 @@ def load_tokenizer(
     or directory; lower-case unless ``tokenizer_type="BertWordPieceCase"``).
     Megatron's flags: ``tokenizer_type`` (one of SUPPORTED_TYPES) with ``tokenizer_model``
     (HuggingFaceTokenizer), ``vocab_file`` + ``merge_file`` (GPT2BPETokenizer), ``vocab_file`` (BERT),
-    ``vocab_size`` (NullTokenizer); ``include_special_tokens`` is ``--tokenizer-hf-include-special-tokens``
-    and ``special_tokens`` is ``--tokenizer-special-tokens``. With a ``tokenizer_type``, a ``spec`` path
+    ``vocab_size`` (NullTokenizer), ``tokenizer_model`` (the SentencePiece types: a ``.model`` file),
+    ``tokenizer_model`` + ``tiktoken_pattern`` + ``vocab_size`` + ``tiktoken_num_special_tokens``
+    (TikTokenizer: a ``.json`` rank file); ``include_special_tokens`` is
+    ``--tokenizer-hf-include-special-tokens`` and ``special_tokens`` is ``--tokenizer-special-tokens``. With a ``tokenizer_type``, a ``spec`` path
     stands in for the file flags that are not given.
     ``eod_id`` overrides the tokenizer's EOD. ``threads`` caps the encoding threads (see module doc).
     """
@@ -222,7 +365,8 @@ def load_tokenizer(
     else:
         tokenizer = _from_megatron_flags(
             tokenizer_type, spec, tokenizer_model, vocab_file, merge_file, vocab_size,
-            include_special_tokens, special_tokens,
+            include_special_tokens, special_tokens, tiktoken_pattern, tiktoken_num_special_tokens,
+            threads or 1,
         )
     if eod_id is not None:
         if not 0 <= eod_id < tokenizer.vocab_size:
@@ -272,14 +416,24 @@ def _from_spec(spec, include_special_tokens, special_tokens) -> Tokenizer:
 
 def _from_megatron_flags(
     tokenizer_type, spec, tokenizer_model, vocab_file, merge_file, vocab_size,
-    include_special_tokens, special_tokens,
+    include_special_tokens, special_tokens, tiktoken_pattern, tiktoken_num_special_tokens, threads,
 ) -> Tokenizer:
     if tokenizer_type in UNSUPPORTED_TYPES:
         raise MegacacheError(
-            f"--tokenizer-type {tokenizer_type} is not supported; supported: {', '.join(SUPPORTED_TYPES)} "
-            "(a SentencePiece or tiktoken model converted to a Hugging Face tokenizer.json works as "
-            "HuggingFaceTokenizer)"
+            f"--tokenizer-type {tokenizer_type} is not supported; supported: {', '.join(SUPPORTED_TYPES)}"
         )
+    if tokenizer_type in SENTENCEPIECE_TYPES:
+        path = _required_path(tokenizer_model or spec, "--tokenizer-model", tokenizer_type)
+        if special_tokens:
+            raise MegacacheError(
+                f"--tokenizer-special-tokens with {tokenizer_type} needs Megatron's "
+                "--tokenizer-sentencepiece-legacy wrapper, which megacache does not reproduce; give the "
+                "model its special tokens when training it")
+        return SentencePieceModel(path, threads)
+    if tokenizer_type == "TikTokenizer":
+        path = _required_path(tokenizer_model or spec, "--tokenizer-model", tokenizer_type)
+        return TiktokenVocabulary(path, tiktoken_pattern, vocab_size, tiktoken_num_special_tokens,
+                                  special_tokens, threads)
     if tokenizer_type == "HuggingFaceTokenizer":
         path = _required_path(tokenizer_model or spec, "--tokenizer-model", tokenizer_type)
         if vocab_file or merge_file:

@@ -37,6 +37,8 @@ from .scheduling import contiguous_shares
 FORMAT_VERSION = 2
 DEFAULT_UNIT_BYTES = 64 << 20
 MAX_BAD_LOCATIONS = 10
+#: where a unit's time goes: reading and decoding input, encoding, the guard's re-encoding, writing
+STAGES = ("read", "encode", "guard", "write")
 
 
 @dataclass
@@ -50,6 +52,10 @@ class TokenizeConfig:
     tokenizer_model: str | None = None
     vocab_file: str | None = None
     merge_file: str | None = None
+    vocab_size: int | None = None
+    special_tokens: list[str] | None = None
+    tiktoken_pattern: str | None = None
+    tiktoken_num_special_tokens: int = 1000
     eod_id: int | None = None
     skip_bad: bool = False
     unit_bytes: int = DEFAULT_UNIT_BYTES
@@ -89,12 +95,16 @@ class TokenizeResult:
     backend: str                     # which backend encoded, and why
     checked_documents: int           # documents the guard encoded again with the reference
     disagreements: list[str]         # units the fast backend got wrong (redone with the reference)
+    stage_seconds: dict[str, float]  # STAGES summed over the units tokenized now
 
 
 def _load_tokenizer(cfg: TokenizeConfig, threads: int) -> Tokenizer:
     return load_tokenizer(cfg.tokenizer, tokenizer_type=cfg.tokenizer_type,
                           tokenizer_model=cfg.tokenizer_model, vocab_file=cfg.vocab_file,
-                          merge_file=cfg.merge_file, eod_id=cfg.eod_id, threads=threads)
+                          merge_file=cfg.merge_file, eod_id=cfg.eod_id, threads=threads,
+                          vocab_size=cfg.vocab_size, special_tokens=cfg.special_tokens,
+                          tiktoken_pattern=cfg.tiktoken_pattern,
+                          tiktoken_num_special_tokens=cfg.tiktoken_num_special_tokens)
 
 
 def _default_threads(comm: Comm) -> int:
@@ -112,7 +122,7 @@ def _fingerprint(cfg: TokenizeConfig, paths: list[str], tok: Tokenizer, dtype: n
     desc = {
         "version": FORMAT_VERSION, "files": files, "keys": cfg.json_keys, "append_eod": cfg.append_eod,
         "tokenizer": tok.name, "vocab_size": tok.vocab_size, "eod": tok.eod, "dtype": dtype.name,
-        "unit_bytes": cfg.unit_bytes, "skip_bad": cfg.skip_bad,
+        "unit_bytes": cfg.unit_bytes, "skip_bad": cfg.skip_bad, "special_tokens": cfg.special_tokens,
     }
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
 
@@ -201,6 +211,8 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
     reported = {"bytes": 0, "docs": 0, "tokens": 0}
     documents = checked = 0
     guarded = tok.reference is not None
+    seconds = dict.fromkeys(STAGES, 0.0)
+    clock = time.perf_counter
     opened = []
 
     def create(path: str):
@@ -210,18 +222,25 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
 
     try:
         files = {k: (create(b), create(d)) for k, (b, d) in parts.items()}
+        t = clock()
         for batch in read_unit(unit, cfg.json_keys, cfg.skip_bad, bad):
+            seconds["read"] += clock() - t
             batch_tokens = 0
             batch_docs = len(batch.texts[cfg.json_keys[0]])
             check = sampled(documents, batch_docs, cfg.verify_fraction) if guarded else None
             for key in cfg.json_keys:
                 texts = batch.texts[key]
+                t = clock()
                 ids, lengths = tok.encode_batch(texts)
+                seconds["encode"] += clock() - t
                 if guarded:
+                    t = clock()
                     wrong = check_sample(tok, texts, ids, lengths, check)
                     if wrong is not None:
                         raise _Disagreement(documents + wrong)
                     checked += int(np.count_nonzero(check))
+                    seconds["guard"] += clock() - t
+                t = clock()
                 if cfg.append_eod:
                     ids, lengths = _with_eod(ids, lengths, tok.eod)
                 _check_range(ids, dtype, unit, tok)
@@ -235,11 +254,13 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
                 c[1] += int(np.count_nonzero(lengths))
                 c[2] += int(ids.size)
                 batch_tokens += int(ids.size)
+                seconds["write"] += clock() - t
             step = {"bytes": batch.bytes_done - reported["bytes"], "docs": batch_docs, "tokens": batch_tokens}
             progress.add(**step)
             for k, v in step.items():
                 reported[k] += v
             documents += batch_docs
+            t = clock()
     except BaseException:
         for f in opened:
             f.close()
@@ -252,7 +273,8 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
     finally:
         for f in opened:
             f.close()
-    return {"counts": counts, "bad_count": bad.count, "bad_first": bad.first, "checked": checked}
+    return {"counts": counts, "bad_count": bad.count, "bad_first": bad.first, "checked": checked,
+            "seconds": seconds}
 
 
 def _load_part(cfg: TokenizeConfig, key: str, index: int) -> Part:
@@ -297,6 +319,8 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
         bad_first=bad_first, seconds=time.monotonic() - t0, ranks=comm.size, dtype=dtype.name,
         backend=backend, checked_documents=sum(r["checked"] for r in ordered),
         disagreements=[r["disagreement"] for r in ordered if r["disagreement"]],
+        stage_seconds={k: sum(ordered[u.index]["seconds"][k] for u in units if u.index not in reused)
+                       for k in STAGES},
     )
 
 
@@ -367,6 +391,7 @@ def summary(result: TokenizeResult) -> str:
     rate = total / max(result.seconds, 1e-9)
     lines.append(f"  throughput: {rate:,.0f} tokens/s total, {rate / result.ranks:,.0f} tokens/s per rank")
     lines.append(f"  tokenizer backend: {result.backend}")
+    lines.append("  seconds per stage, all ranks: " + ", ".join(f"{k} {v:.2f}" for k, v in result.stage_seconds.items()))
     if result.checked_documents or result.disagreements:
         lines.append(f"  exactness guard: {result.checked_documents:,} documents encoded again by the reference: "
                      + (f"{len(result.disagreements)} unit(s) disagreed and were tokenized again by it: "

@@ -55,10 +55,17 @@ def _default_model_type(version: str) -> str:
 
 #: the extra tokens megatron-core's build_tokenizer gives BertWordPieceCase in place of the user's
 BERT_CASED_EXTRA_TOKENS = tuple(f"<extra_id_{i}>" for i in range(100))
-# The special tokens megatron-core's tiktoken library requires among any that are given.
-_TIKTOKEN_REQUIRED_SPECIALS = ("<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>")
-# Megatron-LM's legacy TikTokenizer records the regular expression itself, not its name.
-_LEGACY_TIKTOKEN_PATTERNS = {
+#: The special tokens megatron-core's tiktoken library requires among any that are given, and its
+#: default list: ids 0..6 in this order (EOD is ``</s>``), then ``<SPECIAL_{id}>`` fillers up to
+#: ``--tiktoken-num-special-tokens``; the rank file's ids follow them.
+TIKTOKEN_REQUIRED_SPECIALS = ("<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>")
+TIKTOKEN_FILLER = "<SPECIAL_{id}>"
+#: megatron-core's tiktoken vocabulary size and pattern when no flag gives them.
+TIKTOKEN_DEFAULT_VOCAB_SIZE = 2**17
+TIKTOKEN_DEFAULT_PATTERN = "v2"
+#: The regular expressions behind --tiktoken-pattern v1 / v2 (Megatron-LM's legacy TikTokenizer
+#: records the expression itself in its identity, not its name).
+TIKTOKEN_PATTERNS = {
     "v1": r"[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+",
     "v2": r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?"
           r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|"
@@ -178,7 +185,7 @@ def _new_system(version: str, args: dict) -> dict:
 
     if kind == "TikTokenizer":
         path = need_model()
-        _check_tiktoken(args, special)
+        check_tiktoken(args, special)
         options = {"chat_template": args["chat_template"]} if since_018 else {}
         if args["tiktoken_pattern"]:
             options["pattern"] = args["tiktoken_pattern"]
@@ -209,18 +216,18 @@ def _new_identifiers(version: str, args: dict, path: str, options: dict) -> dict
             "tokenizer_path": path, **{k: str(v) for k, v in options.items()}}
 
 
-def _check_tiktoken(args: dict, special: list | None) -> None:
+def check_tiktoken(args: dict, special: list | None) -> None:
     """What megatron-core's tiktoken library asserts on the flags alone (the rank file's size is
     checked when Megatron loads it)."""
     pattern = args["tiktoken_pattern"]
-    if pattern and pattern not in _LEGACY_TIKTOKEN_PATTERNS:
+    if pattern and pattern not in TIKTOKEN_PATTERNS:
         raise MegacacheError(f"--tiktoken-pattern {pattern!r}: Megatron knows v1 and v2")
     if special is not None:
-        missing = [t for t in _TIKTOKEN_REQUIRED_SPECIALS if t not in special]
+        missing = [t for t in TIKTOKEN_REQUIRED_SPECIALS if t not in special]
         if missing or len(set(special)) != len(special):
             raise MegacacheError(
                 f"--tokenizer-special-tokens for TikTokenizer must be unique and include "
-                f"{' '.join(_TIKTOKEN_REQUIRED_SPECIALS)} (megatron-core asserts); "
+                f"{' '.join(TIKTOKEN_REQUIRED_SPECIALS)} (megatron-core asserts); "
                 + (f"missing {' '.join(missing)}" if missing else "some are repeated"))
         if len(special) > args["tiktoken_num_special_tokens"]:
             raise MegacacheError(f"{len(special)} special tokens, more than --tiktoken-num-special-tokens "
@@ -279,10 +286,10 @@ def _legacy(args: dict) -> dict:
         return {"class": f"_{kind}", "tokenizer_path": [need("tokenizer_model")], "vocab_extra_ids": str(extra_ids)}
     path = need("tokenizer_model")
     pattern = need("tiktoken_pattern")
-    if pattern not in _LEGACY_TIKTOKEN_PATTERNS:
+    if pattern not in TIKTOKEN_PATTERNS:
         raise MegacacheError(f"--tiktoken-pattern {pattern!r}: Megatron knows v1 and v2")
     special = _special_tokens("0.16", args)
-    return {"class": "CustomTikTokenizer", "tokenizer_path": [path], "pattern": _LEGACY_TIKTOKEN_PATTERNS[pattern],
+    return {"class": "CustomTikTokenizer", "tokenizer_path": [path], "pattern": TIKTOKEN_PATTERNS[pattern],
             "vocab_size": str(args["vocab_size"]), "num_special_tokens": str(args["tiktoken_num_special_tokens"]),
             "special_tokens": str(special)}
 
@@ -361,7 +368,7 @@ def _candidate_flags(ids: dict, version: str) -> dict | None:
         elif cls in ("_SentencePieceTokenizer", "_GPTSentencePieceTokenizer", "_Llama2Tokenizer"):
             legacy = dict(tokenizer_type=cls[1:], vocab_extra_ids=number("vocab_extra_ids"))
         elif cls == "CustomTikTokenizer":
-            pattern = next((k for k, v in _LEGACY_TIKTOKEN_PATTERNS.items() if v == ids.get("pattern")), None)
+            pattern = next((k for k, v in TIKTOKEN_PATTERNS.items() if v == ids.get("pattern")), None)
             legacy = dict(tokenizer_type="TikTokenizer", tiktoken_pattern=pattern, vocab_size=number("vocab_size"),
                           tiktoken_num_special_tokens=number("num_special_tokens"),
                           tokenizer_special_tokens=tokens("special_tokens"))

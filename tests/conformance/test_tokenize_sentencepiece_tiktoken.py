@@ -1,0 +1,122 @@
+"""megacache tokenize with Megatron's SentencePiece and tiktoken tokenizer types: bytes equal to
+megatron-core 0.16.1's ``build_tokenizer`` (the one tools/preprocess_data.py calls) +
+``tokenize`` + ``IndexedDatasetBuilder`` on the same documents, at P = 1 and 3, with real model files
+trained here; and the backend each runs on."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from megacache.backends import SELF_TEST_TEXTS
+from support.corpus import documents, file_bytes, megatron_reference, run_megacache, train_bpe, write_jsonl
+from support.tokenizer_files import TIKTOKEN_RANKS, write_tiktoken_ranks
+
+# Special tokens of both libraries written in the text, around the generated documents.
+SPECIALS_IN_TEXT = ["<s> begins", "ends </s>", "<unk><pad><mask>", "a<cls>b<sep>c", "<SPECIAL_9> x", " <s>  </s> "]
+
+
+def _documents() -> list[str]:
+    return documents(300, newlines=True) + list(SELF_TEST_TEXTS) + SPECIALS_IN_TEXT
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """SentencePiece models (BPE with byte fallback, identity normalisation: gigatoken's case; the
+    same with NFKC, where gigatoken's self-test fails; unigram, which gigatoken refuses) and a
+    tiktoken rank file."""
+    import sentencepiece
+    from tokenizers import Tokenizer
+
+    root = tmp_path_factory.mktemp("models")
+    text = [d for d in documents(2000, seed=11, newlines=True) if d]
+    models = {"bpe": dict(model_type="bpe", byte_fallback=True, normalization_rule_name="identity"),
+              "bpe_nfkc": dict(model_type="bpe", byte_fallback=True),
+              "unigram": dict(model_type="unigram")}
+    for name, options in models.items():
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(text), model_prefix=str(root / name),
+                                                 vocab_size=1200, minloglevel=2, **options)
+    write_tiktoken_ranks(root / "ranks.json", Tokenizer.from_file(train_bpe(str(root / "bpe.json"))))
+    return root
+
+
+def _oracle(megatron, tmp_path, docs, **args):
+    """megatron-core 0.16.1's bytes for ``docs`` with the tokenizer its build_tokenizer makes from ``args``."""
+    from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
+
+    flags = dict(tokenizer_sentencepiece_legacy=False, tokenizer_special_tokens=None, tokenizer_metadata=None,
+                 vocab_size=None, tiktoken_pattern=None, tiktoken_num_special_tokens=1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = build_tokenizer(SimpleNamespace(**{**flags, **args}))
+    prefix = str(tmp_path / "oracle")
+    dtype = np.uint16 if tok.vocab_size < 65500 else np.int32
+    megatron_reference(megatron, prefix, docs, lambda ds: [tok.tokenize(d) for d in ds], tok.eod, dtype)
+    return file_bytes(prefix)
+
+
+def _tokenize(tmp_path, docs, ranks, *flags):
+    for f, (a, b) in enumerate([(0, 120), (120, 121), (121, None)]):
+        write_jsonl(str(tmp_path / "in" / f"part_{f}.jsonl"), docs[a:b])
+    run = run_megacache(ranks, "tokenize", "--input", str(tmp_path / "in"), "--output-prefix",
+                        str(tmp_path / f"out{ranks}"), "--append-eod", "--unit-bytes", "8K", *flags)
+    return run, file_bytes(str(tmp_path / f"out{ranks}_text_document"))
+
+
+@pytest.mark.parametrize("model, backend", [
+    ("bpe", "tokenizer backend: gigatoken"),
+    ("bpe_nfkc", "tokenizer backend: sentencepiece (gigatoken disagrees with sentencepiece on the self-test text"),
+    ("unigram", "tokenizer backend: sentencepiece (gigatoken cannot load it: only BPE sentencepiece models"),
+])
+@pytest.mark.parametrize("tokenizer_type", ["SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"])
+def test_sentencepiece_types_write_megatrons_bytes(tmp_path, megatron, files, model, backend, tokenizer_type):
+    (tmp_path / "in").mkdir()
+    docs = _documents()
+    path = str(files / f"{model}.model")
+    expected = _oracle(megatron, tmp_path, docs, tokenizer_type=tokenizer_type, tokenizer_model=path)
+    for ranks in (1, 3):
+        run, got = _tokenize(tmp_path, docs, ranks, "--tokenizer-type", tokenizer_type, "--tokenizer-model", path,
+                             "--verify-fraction", "1")
+        assert got == expected, f"{tokenizer_type} {model} P={ranks}"
+        assert backend in run.stdout
+
+
+@pytest.mark.parametrize("flags", [
+    ("--tiktoken-num-special-tokens", "10", "--vocab-size", str(10 + TIKTOKEN_RANKS)),
+    ("--tiktoken-pattern", "v1", "--vocab-size", str(1000 + TIKTOKEN_RANKS)),
+    ("--tiktoken-pattern", "v2", "--vocab-size", str(1000 + TIKTOKEN_RANKS - 20)),
+])
+def test_tiktokenizer_writes_megatrons_bytes(tmp_path, megatron, files, flags):
+    (tmp_path / "in").mkdir()
+    docs = _documents()
+    args = dict(zip(flags[::2], flags[1::2]))
+    expected = _oracle(megatron, tmp_path, docs, tokenizer_type="TikTokenizer", tokenizer_model=str(files / "ranks.json"),
+                       tiktoken_pattern=args.get("--tiktoken-pattern"), vocab_size=int(args["--vocab-size"]),
+                       tiktoken_num_special_tokens=int(args.get("--tiktoken-num-special-tokens", 1000)))
+    for ranks in (1, 3):
+        run, got = _tokenize(tmp_path, docs, ranks, "--tokenizer-type", "TikTokenizer", "--tokenizer-model",
+                             str(files / "ranks.json"), *flags)
+        assert got == expected, f"{flags} P={ranks}"
+        assert "tokenizer backend: tiktoken" in run.stdout
+
+
+def test_tiktoken_rank_file_errors_name_the_file_and_entry(tmp_path, files):
+    (tmp_path / "in").mkdir()
+    entries = json.loads((files / "ranks.json").read_text())
+    entries[3]["rank"] = 7
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(entries))
+    write_jsonl(str(tmp_path / "in" / "a.jsonl"), ["hello"])
+    cases = [
+        (str(bad), ["--vocab-size", "1290"], f"--tokenizer-model {bad}: entry 3 must be {{\"rank\": 3"),
+        (str(files / "ranks.json"), [], "entries, but the vocabulary size less the special tokens asks for 130072"),
+        (str(files / "bpe.model"), [], "megatron-core reads a TikTokenizer vocabulary from a .json file"),
+    ]
+    for model, extra, message in cases:
+        run = run_megacache(1, "tokenize", "--input", str(tmp_path / "in"), "--output-prefix", str(tmp_path / "o"),
+                            "--tokenizer-type", "TikTokenizer", "--tokenizer-model", model, *extra, check=False)
+        assert run.returncode == 2 and message in run.stderr, run.stderr
