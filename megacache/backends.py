@@ -77,7 +77,9 @@ class GigatokenTokenizer(Tokenizer):
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         try:
             encoded = self._engine.encode_batch(texts, parallel=self._parallel)
-        except Exception:
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException:  # a Rust panic included
             # What gigatoken refuses (not a list of str, unpaired surrogates): the reference's ids,
             # or its error naming the document.
             return self.reference.encode_batch(texts)
@@ -122,8 +124,10 @@ def select_backend(reference: Tokenizer, backend: str, threads: int, strict: boo
         engine = _gigatoken_engine(gigatoken, reference)
     except _NotForGigatoken as exc:
         return fall_back(str(exc))
-    except Exception as exc:  # gigatoken raises RuntimeError/ValueError for what it does not support
-        return fall_back(f"gigatoken cannot load it: {str(exc).splitlines()[0]}")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # errors for what it does not support; a Rust panic is a BaseException
+        return fall_back(f"gigatoken cannot load it: {(str(exc).splitlines() or [type(exc).__name__])[0]}")
     fast = GigatokenTokenizer(reference, engine, parallel=threads > 1)
     texts = self_test_texts(reference.added_tokens())
     problem = first_difference(fast, reference, texts)

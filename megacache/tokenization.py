@@ -2,8 +2,10 @@
 
 Megatron-LM's ``tools/preprocess_data.py`` builds its tokenizer with megatron-core's ``build_tokenizer``
 and calls ``tokenizer.tokenize(text)`` per document (per sentence), appending ``tokenizer.eod`` with
-``--append-eod``; the ``.bin`` dtype follows ``tokenizer.vocab_size``. In megatron-core 0.16.1 every
-file-based text tokenizer wraps a ``transformers`` tokenizer (``HuggingFaceTokenizer``; GPT-2 and BERT
+``--append-eod``; the ``.bin`` dtype follows ``tokenizer.vocab_size``. The SentencePiece types and
+TikTokenizer are the ``sentencepiece`` and ``tiktoken`` libraries (``SentencePieceModel``,
+``TiktokenVocabulary``; docs/megatron.md §5). Every other file-based text tokenizer wraps a
+``transformers`` tokenizer (``HuggingFaceTokenizer``; GPT-2 and BERT
 go through ``MegatronHFTokenizer``, a ``HuggingFaceTokenizer`` on the hub's ``gpt2`` /
 ``bert-large-(un)cased`` tokenizer classes with the given vocabulary) and ``tokenize`` is
 ``convert_tokens_to_ids(tokenize(text))`` with no special tokens added. So we build the very same
