@@ -18,11 +18,12 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..backends import DEFAULT_VERIFY_FRACTION, check_sample, sampled, select_backend
+from ..backends import DEFAULT_VERIFY_FRACTION, Disagreement, SampleCheck, select_backend
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import optimal_dtype
@@ -36,6 +37,9 @@ from .scheduling import contiguous_shares
 
 FORMAT_VERSION = 2
 DEFAULT_UNIT_BYTES = 64 << 20
+#: input bytes per encode call: large enough that a call's fixed costs (gigatoken's result arrays,
+#: the thread pool's start) vanish, small enough to keep memory per rank in megabytes
+BATCH_BYTES = 4 << 20
 MAX_BAD_LOCATIONS = 10
 #: where a unit's time goes: reading and decoding input, encoding, the guard's re-encoding, writing
 STAGES = ("read", "encode", "guard", "write")
@@ -169,19 +173,15 @@ def _check_range(ids: np.ndarray, dtype: np.dtype, unit: WorkUnit, tok: Tokenize
         )
 
 
-class _Disagreement(Exception):
-    def __init__(self, document: int):
-        self.document = document
-
-
 def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.dtype,
-                   progress: Progress, tag: str) -> None:
-    """Tokenize one unit into its part files, then record it as done. Where the guard finds the
-    fast backend disagreeing with its reference, the unit is redone with the reference."""
+                   progress: Progress, tag: str) -> dict:
+    """Tokenize one unit into its temporary part files; the unit's record for ``_publish_unit``.
+    Where the guard finds the fast backend disagreeing with its reference, the unit is redone with
+    the reference."""
     record = {"backend": tok.backend, "disagreement": None}
     try:
         record.update(_write_unit(cfg, unit, tok, dtype, progress, tag))
-    except _Disagreement as d:
+    except Disagreement as d:
         where = f"document {d.document + 1} of {unit.describe()}"
         if cfg.strict_backend:
             raise MegacacheError(
@@ -192,6 +192,12 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
               f"{where}; that unit is tokenized again with {tok.reference.backend}", file=sys.stderr, flush=True)
         record = {"backend": tok.reference.backend, "disagreement": where}
         record.update(_write_unit(cfg, unit, tok.reference, dtype, progress, tag))
+    return record
+
+
+def _publish_unit(cfg: TokenizeConfig, unit: WorkUnit, tag: str, record: dict) -> None:
+    """Publish a tokenized unit's part files, then its ``.done`` record. Mostly fsync waits: it runs
+    on a thread, beside the encoding of the next unit."""
     for key in cfg.json_keys:
         for kind in ("bin", "doclen"):
             final = _unit_name(cfg.work_dir, unit.index, f"{key}.{kind}")
@@ -202,15 +208,15 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
 def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.dtype,
                 progress: Progress, tag: str) -> dict:
     """Encode one unit into its temporary part files: its counts, bad records and guard tally.
-    Raises _Disagreement (the part files removed, its progress taken back) when the guard catches
+    Raises Disagreement (the part files removed, its progress taken back) when the guard catches
     ``tok`` disagreeing with its reference."""
     bad = BadRecords()
     parts = {k: (tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.bin"), tag),
                  tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.doclen"), tag)) for k in cfg.json_keys}
     counts = {k: [0, 0, 0] for k in cfg.json_keys}
     reported = {"bytes": 0, "docs": 0, "tokens": 0}
-    documents = checked = 0
-    guarded = tok.reference is not None
+    documents = 0
+    guards = {k: SampleCheck(tok, cfg.verify_fraction, unit.index) for k in cfg.json_keys} if tok.reference else None
     seconds = dict.fromkeys(STAGES, 0.0)
     clock = time.perf_counter
     opened = []
@@ -223,22 +229,18 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
     try:
         files = {k: (create(b), create(d)) for k, (b, d) in parts.items()}
         t = clock()
-        for batch in read_unit(unit, cfg.json_keys, cfg.skip_bad, bad):
+        for batch in read_unit(unit, cfg.json_keys, cfg.skip_bad, bad, batch_bytes=BATCH_BYTES):
             seconds["read"] += clock() - t
             batch_tokens = 0
             batch_docs = len(batch.texts[cfg.json_keys[0]])
-            check = sampled(documents, batch_docs, cfg.verify_fraction) if guarded else None
             for key in cfg.json_keys:
                 texts = batch.texts[key]
                 t = clock()
                 ids, lengths = tok.encode_batch(texts)
                 seconds["encode"] += clock() - t
-                if guarded:
+                if guards:
                     t = clock()
-                    wrong = check_sample(tok, texts, ids, lengths, check)
-                    if wrong is not None:
-                        raise _Disagreement(documents + wrong)
-                    checked += int(np.count_nonzero(check))
+                    guards[key].add(documents, texts, ids, lengths)
                     seconds["guard"] += clock() - t
                 t = clock()
                 if cfg.append_eod:
@@ -261,6 +263,11 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
                 reported[k] += v
             documents += batch_docs
             t = clock()
+        if guards:
+            t = clock()
+            for g in guards.values():
+                g.finish()
+            seconds["guard"] += clock() - t
     except BaseException:
         for f in opened:
             f.close()
@@ -273,6 +280,7 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
     finally:
         for f in opened:
             f.close()
+    checked = sum(g.checked for g in guards.values()) if guards else 0
     return {"counts": counts, "bad_count": bad.count, "bad_first": bad.first, "checked": checked,
             "seconds": seconds}
 
@@ -342,10 +350,11 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
     progress = Progress(os.path.join(cfg.work_dir, "progress"), comm.rank, comm.size, todo_bytes,
                         "tokenize", interval_s=cfg.progress_interval_s)
     guard.enter("tokenizing")
-    with comm.agreed("tokenizing"), progress:
-        for unit in mine:
-            if unit.index not in reused:
-                _tokenize_unit(cfg, unit, tok, dtype, progress, tag)
+    with comm.agreed("tokenizing"), progress, ThreadPoolExecutor(1) as publisher:
+        published = [publisher.submit(_publish_unit, cfg, unit, tag, _tokenize_unit(cfg, unit, tok, dtype, progress, tag))
+                     for unit in mine if unit.index not in reused]
+        for done in published:
+            done.result()
     progress.finish()
 
     # Every unit's counts, in input order, on every rank; each rank reads only its own records.

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from megacache.backends import FAULT_ENV, SELF_TEST_TEXTS, sampled
+from megacache.backends import DEFAULT_VERIFY_FRACTION, FAULT_ENV, SELF_TEST_TEXTS, sampled
 from support.corpus import documents, file_bytes, run_megacache, train_bpe, write_input
 
 MARKER = "zqxv-marker"
@@ -52,7 +52,7 @@ def test_auto_runs_gigatoken_and_writes_the_hf_backends_bytes(tmp_path, bpe):
 
 def test_guard_catches_a_wrong_id_redoes_the_unit_and_exits_3(tmp_path, bpe):
     # The wrong document is one the default sample checks, in the first file's unit.
-    checked = np.flatnonzero(sampled(0, 200, 0.001))
+    checked = np.flatnonzero(sampled(0, 200, DEFAULT_VERIFY_FRACTION))
     assert checked.size, "the default sample checks some of the first 200 documents"
     os.makedirs(tmp_path / "in")
     _corpus(tmp_path, marked=[int(checked[0])])
