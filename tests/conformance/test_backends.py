@@ -46,6 +46,7 @@ def test_auto_runs_gigatoken_and_writes_the_hf_backends_bytes(tmp_path, bpe):
     auto = _tokenize(tmp_path, bpe, "auto", "--verify-fraction", "1")
     assert "tokenizer backend: hf (--tokenizer-backend hf)" in hf.stdout
     assert "tokenizer backend: gigatoken" in auto.stdout
+    assert "seconds per stage, all ranks: read " in auto.stdout
     assert f"exactness guard: {len(documents()):,} documents encoded again by the reference: all equal" in auto.stdout
     assert file_bytes(str(tmp_path / "auto_text_document")) == file_bytes(str(tmp_path / "hf_text_document"))
 

@@ -397,3 +397,32 @@ def test_json_lines_follow_json_loads_exactly(tmp_path):
     bad = BadRecords()
     assert _read_all([path], 1 << 20, skip_bad=True, bad=bad)["text"] == expected
     assert bad.first == errors
+
+
+def test_lines_msgspec_refuses_or_reads_differently_get_json_loads_values(tmp_path):
+    """Chunks are decoded by msgspec where it agrees with json.loads; the lines below are where it
+    does not (or skips the line), and each must come out as json.loads has it, or be reported."""
+    good = [
+        '{"text": "a", "text": "last wins"}',         # duplicate key: both take the last
+        '{"text": "lone \\ud800 surrogate"}',          # json.loads keeps it, msgspec refuses
+        '{"text": "x", "n": NaN, "i": Infinity}',      # json.loads only
+        '{"text": "big", "n": 123456789012345678901234567890}',
+        '{"text": "\\u0000 nul and \\u00e9"}',
+        '  {"text": "spaces around"}  \r',
+        '{"text": "plain"}',
+    ]
+    path = _write(tmp_path / "m.jsonl", ("\n".join(good) + "\n").encode())
+    assert _read_all([path], 1 << 20)["text"] == [json.loads(line)["text"] for line in good]
+    for unit_bytes in (7, 50):
+        assert _read_all([path], unit_bytes)["text"] == [json.loads(line)["text"] for line in good]
+    # Keys that are not identifiers, two of them.
+    rows = [{"my-key": f"v{i}", "other key": f"w{i}"} for i in range(5)]
+    path = _write(tmp_path / "k.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+    got = _read_all([path], 1 << 20, keys=("my-key", "other key"))
+    assert got == {"my-key": [r["my-key"] for r in rows], "other key": [r["other key"] for r in rows]}
+    # A blank or whitespace-only line, which msgspec skips, is a bad line as json.loads has it.
+    for blank in ("", "   ", "\t\r"):
+        path = _write(tmp_path / "b.jsonl", f'{{"text": "a"}}\n{blank}\n{{"text": "b"}}\n'.encode())
+        with pytest.raises(InputError) as ei:
+            _read_all([path], 1 << 20)
+        assert f"{path}:line 2: " in str(ei.value)
