@@ -13,18 +13,20 @@ but that is by design, not by construction for every tokenizer.json. So it only 
 
 Which tokenizers gigatoken takes: byte-level BPE and SentencePiece-style BPE with byte fallback
 (everything else, WordPiece and Unigram among them, it refuses at load and the reference runs), from
-a Hugging Face tokenizer.json or a SentencePiece ``.model``.
+a Hugging Face tokenizer.json, a SentencePiece ``.model`` or Megatron's tiktoken rank file.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import tempfile
 
 import numpy as np
 
 from .errors import MegacacheError
-from .tokenization import BackendTokenizer, SentencePieceModel, Tokenizer
+from .tokenization import BackendTokenizer, SentencePieceModel, TiktokenVocabulary, Tokenizer
 
 BACKENDS = ("auto", "gigatoken", "hf")
 
@@ -65,8 +67,9 @@ class GigatokenTokenizer(Tokenizer):
 
     backend = "gigatoken"
 
-    def __init__(self, reference: BackendTokenizer, engine, parallel: bool):
+    def __init__(self, reference: Tokenizer, engine, parallel: bool, id_map=None):
         self.reference = reference
+        self._id_map = id_map  # gigatoken's ids to the reference's, where they differ
         self.name = reference.name
         self.vocab_size = reference.vocab_size
         self.eod = reference.eod
@@ -86,6 +89,8 @@ class GigatokenTokenizer(Tokenizer):
         offsets = np.asarray(encoded.layout.offsets.data)
         lengths = np.diff(offsets)
         ids = np.asarray(encoded.layout.content.data)[offsets[0]:offsets[-1]]
+        if self._id_map is not None:
+            ids = self._id_map(ids)
         if self._fault is not None:
             ids = _inject_fault(texts, ids, lengths, self._fault)
         return ids, lengths
@@ -121,14 +126,14 @@ def select_backend(reference: Tokenizer, backend: str, threads: int, strict: boo
     except ImportError:
         return fall_back("the gigatoken package is not installed")
     try:
-        engine = _gigatoken_engine(gigatoken, reference)
+        engine, id_map = _gigatoken_engine(gigatoken, reference)
     except _NotForGigatoken as exc:
         return fall_back(str(exc))
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # errors for what it does not support; a Rust panic is a BaseException
         return fall_back(f"gigatoken cannot load it: {(str(exc).splitlines() or [type(exc).__name__])[0]}")
-    fast = GigatokenTokenizer(reference, engine, parallel=threads > 1)
+    fast = GigatokenTokenizer(reference, engine, parallel=threads > 1, id_map=id_map)
     texts = self_test_texts(reference.added_tokens())
     problem = first_difference(fast, reference, texts)
     if problem is not None:
@@ -143,11 +148,14 @@ class _NotForGigatoken(Exception):
 
 
 def _gigatoken_engine(gigatoken, reference: Tokenizer):
-    """gigatoken's tokenizer for the same files, or _NotForGigatoken saying why there is none."""
+    """gigatoken's tokenizer for the same files and the map of its ids to the reference's (None:
+    the same ids), or _NotForGigatoken saying why there is none."""
     if isinstance(reference, BackendTokenizer):
         if reference.splits_special_tokens:
             raise _NotForGigatoken("gigatoken always matches special tokens in text, this tokenizer splits them")
-        return gigatoken.Tokenizer.from_json(reference.tokenizer_json())
+        return gigatoken.Tokenizer.from_json(reference.tokenizer_json()), None
+    if isinstance(reference, TiktokenVocabulary):
+        return _tiktoken_engine(gigatoken, reference)
     if isinstance(reference, SentencePieceModel):
         # gigatoken's conversion lists the control symbols (<s>, </s>) as special tokens, which it
         # then matches in text; SentencePiece never makes them from text, so they are left out.
@@ -157,8 +165,37 @@ def _gigatoken_engine(gigatoken, reference: Tokenizer):
             converted = json.loads(sentencepiece_to_tokenizer_json(f.read()))
         control = set(reference.control_ids())
         converted["added_tokens"] = [t for t in converted.get("added_tokens") or [] if t["id"] not in control]
-        return gigatoken.Tokenizer.from_json(json.dumps(converted))
+        return gigatoken.Tokenizer.from_json(json.dumps(converted)), None
     raise _NotForGigatoken(f"gigatoken does not apply to {reference.name}")
+
+
+def _tiktoken_engine(gigatoken, reference: TiktokenVocabulary):
+    """gigatoken on Megatron's tiktoken vocabulary. gigatoken wants ranks from 0 without gaps, where
+    Megatron's ids put the special tokens first: it gets the ranks unshifted and the special tokens
+    after them, and ``GigatokenTokenizer`` maps its ids back (``_TiktokenIds``). Its "nemotron"
+    pre-tokenizer is Megatron's v2 pattern; v1 has no equal there."""
+    if reference.pattern != "v2":
+        raise _NotForGigatoken(f"gigatoken has no pre-tokenizer equal to Megatron's tiktoken pattern {reference.pattern}")
+    ranks = len(reference.ranks)
+    shift = len(reference.special_tokens)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ranks.tiktoken")
+        with open(path, "w") as f:
+            f.writelines(f"{base64.b64encode(token).decode()} {rank - shift}\n" for token, rank in reference.ranks.items())
+        engine = gigatoken.Tokenizer.from_tiktoken(
+            path, pretokenizer="nemotron", special_tokens={t: ranks + i for i, t in enumerate(reference.special_tokens)})
+    return engine, _TiktokenIds(ranks, shift)
+
+
+class _TiktokenIds:
+    """gigatoken's ids to Megatron's: ranks move up past the special tokens, special tokens to the front."""
+
+    def __init__(self, ranks: int, shift: int):
+        self.ranks, self.shift = ranks, shift
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        ids = ids.astype(np.int64)
+        return np.where(ids >= self.ranks, ids - self.ranks, ids + self.shift)
 
 
 def self_test_texts(added_tokens: list[str]) -> list[str]:

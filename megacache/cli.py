@@ -285,7 +285,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"disagrees is redone with the reference and the exit status is "
                         f"{EXIT_BACKEND_DISAGREED}")
     p.add_argument("--strict-backend", action="store_true",
-                   help="stop with an error when gigatoken cannot run or disagrees, instead of falling back")
+                   help="stop with an error when gigatoken disagrees with the reference library (self-test or a "
+                        "unit), instead of falling back to it")
     p.add_argument("--log-interval", type=float, metavar="SECONDS",
                    help="progress interval (default: 0.5 on a terminal, 30 otherwise; 0 disables)")
     p.set_defaults(func=_cmd_tokenize)

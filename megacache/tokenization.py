@@ -268,7 +268,7 @@ class TiktokenVocabulary(Tokenizer):
         self._encoding = tiktoken.Encoding(name=os.path.basename(os.path.dirname(os.path.abspath(path))),
                                            pat_str=TIKTOKEN_PATTERNS[pattern], mergeable_ranks=ranks,
                                            special_tokens={t: i for i, t in enumerate(special)})
-        self.rank_file, self.pattern, self.special_tokens = path, pattern, special
+        self.rank_file, self.pattern, self.special_tokens, self.ranks = path, pattern, special, ranks
         self._threads = threads
 
     def added_tokens(self) -> list[str]:

@@ -64,12 +64,14 @@ def write_sentencepiece_model(path) -> None:
 
 def write_tiktoken_ranks(path, bpe) -> None:
     """A tiktoken rank file (megatron-core's JSON form): the 256 bytes, then the BPE's merged tokens
-    as bytes, TIKTOKEN_RANKS entries in all."""
+    as bytes (its added tokens left out: no merge makes them), TIKTOKEN_RANKS entries in all."""
     import base64
 
     byte_of = {c: b for b, c in enumerate(_byte_level_chars())}
     tokens = [bytes([b]) for b in range(256)]
-    merged = sorted((i, t) for t, i in bpe.get_vocab().items() if len(t) > 1 and all(c in byte_of for c in t))
+    added = {t.content for t in bpe.get_added_tokens_decoder().values()}
+    merged = sorted((i, t) for t, i in bpe.get_vocab().items()
+                    if len(t) > 1 and t not in added and all(c in byte_of for c in t))
     tokens += [bytes(byte_of[c] for c in t) for _, t in merged][:TIKTOKEN_RANKS - 256]
     assert len(tokens) == TIKTOKEN_RANKS
     path.write_text(json.dumps([{"rank": i, "token_bytes": base64.b64encode(t).decode(),
