@@ -333,7 +333,9 @@ def test_bad_specs(files, tmp_path):
     fails(r"files were given without a tokenizer type: add --tokenizer-type", vocab_file=f"{files['bert']}/vocab.txt")
     fails(r"unknown --tokenizer-type 'GPT2Tokenizer'; supported: HuggingFaceTokenizer, GPT2BPETokenizer",
           tokenizer_type="GPT2Tokenizer")
-    fails(r"--tokenizer-type SentencePieceTokenizer is not supported", tokenizer_type="SentencePieceTokenizer")
+    fails(r"--tokenizer-type MultimodalTokenizer is not supported", tokenizer_type="MultimodalTokenizer")
+    fails(r"SentencePieceTokenizer needs --tokenizer-model \(nothing is downloaded",
+          tokenizer_type="SentencePieceTokenizer")
     fails(r"GPT2BPETokenizer needs --merge-file \(nothing is downloaded",
           tokenizer_type="GPT2BPETokenizer", vocab_file=f"{files['gpt2']}/vocab.json")
     fails(r"BertWordPieceCase needs --vocab-file", tokenizer_type="BertWordPieceCase")
