@@ -64,6 +64,7 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
         eod_id=args.eod_id, skip_bad=args.skip_bad, unit_bytes=args.unit_bytes, threads=args.threads,
         progress_interval_s=args.log_interval, backend=args.tokenizer_backend,
         verify_fraction=args.verify_fraction, strict_backend=args.strict_backend,
+        output_format=args.output_format,
     )
     result = tokenize(cfg, comm)
     if comm.rank == 0:
@@ -71,14 +72,34 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
     return EXIT_BACKEND_DISAGREED if result.disagreements else 0
 
 
+def _copy_summary(verb: str, r) -> str:
+    from .formats.pbin import is_pbin
+
+    if is_pbin(r.output):
+        line = (f"megacache {verb}: {r.inputs} dataset(s) -> {r.output}: {r.documents:,} documents, "
+                f"{r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
+        if r.joined:
+            line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); a .pbin "
+                     "document is one run of tokens, so each became one")
+        return line
+    return (f"megacache {verb}: {r.inputs} dataset(s) -> {r.output}.bin/.idx: {r.documents:,} documents, "
+            f"{r.sequences:,} sequences, {r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
+
+
 def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
     from .builders.merge import merge
 
     r = merge(args.prefixes, args.output_prefix, comm, chunk_bytes=args.chunk_bytes)
     if comm.rank == 0:
-        print(f"megacache merge: {r.inputs} dataset(s) -> {r.output}.bin/.idx: {r.documents:,} documents, "
-              f"{r.sequences:,} sequences, {r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)",
-              flush=True)
+        print(_copy_summary("merge", r), flush=True)
+
+
+def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
+    from .builders.merge import convert
+
+    r = convert(args.source, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes)
+    if comm.rank == 0:
+        print(_copy_summary("convert", r), flush=True)
 
 
 def _tokenizer_ids(args: argparse.Namespace, version: str) -> dict:
@@ -177,8 +198,9 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     import os
 
     from .formats.indexed import bin_path, idx_path
+    from .formats.pbin import is_pbin
     from .megatron.versions import resolve
-    from .verify import summarize_dataset, verify_cache, verify_dataset
+    from .verify import summarize_dataset, summarize_pbin, verify_cache, verify_dataset, verify_pbin
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     failed, checked = [], 0
@@ -192,6 +214,11 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
 
     if comm.rank == 0:
         for path in args.paths:
+            if is_pbin(path):
+                checked += 1
+                problems = verify_pbin(path, vocab_size=args.vocab_size)
+                report(path, "" if problems else summarize_pbin(path), problems)
+                continue
             prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
             # A prefix with its files is a dataset even when it is a directory too (Megatron's default
             # cache directory lives under the prefix), as inspect decides.
@@ -265,7 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tokenize", help="tokenize text into Megatron .bin/.idx datasets")
     p.add_argument("--input", nargs="+", required=True, metavar="PATH",
                    help="files, directories or globs: .jsonl/.json, .txt, .parquet; .gz/.zst for the line formats")
-    p.add_argument("--output-prefix", required=True, help="writes {PREFIX}_{key}_document.bin/.idx")
+    p.add_argument("--output-prefix", required=True,
+                   help="writes {PREFIX}_{key}_document.bin/.idx (or {PREFIX}_{key}_document.pbin)")
+    p.add_argument("--output-format", choices=("megatron", "pbin"), default="megatron",
+                   help="megatron (default): Megatron's .bin/.idx; pbin: Modalities' packed file, every "
+                        "document ending with EOD as its packer ends them (--append-eod or not)")
     p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
                    help="one output dataset per key (default: text)")
     p.add_argument("--append-eod", action="store_true", help="append the EOD token to every non-empty document")
@@ -331,15 +362,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="print each split's full description")
     p.set_defaults(func=_cmd_build)
 
-    p = sub.add_parser("merge", help="concatenate datasets in the order given")
-    p.add_argument("prefixes", nargs="+", metavar="PREFIX")
-    p.add_argument("--output-prefix", required=True)
+    p = sub.add_parser("merge", help="concatenate datasets in the order given (Megatron prefixes, or .pbin files)")
+    p.add_argument("prefixes", nargs="+", metavar="PREFIX|FILE.pbin")
+    p.add_argument("--output-prefix", required=True, metavar="PREFIX|FILE.pbin",
+                   help="the merged dataset, in the inputs' format")
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.set_defaults(func=_cmd_merge)
 
-    p = sub.add_parser("verify", help="check datasets (.bin/.idx) and cache directories for consistency; "
+    p = sub.add_parser("convert", help="a Megatron dataset as a Modalities .pbin, or a .pbin as a Megatron dataset")
+    p.add_argument("source", metavar="SRC", help="a Megatron prefix, or a path ending in .pbin")
+    p.add_argument("destination", metavar="DST", help="the other format: a path ending in .pbin, or a Megatron prefix")
+    p.add_argument("--vocab-size", type=int,
+                   help="choose the output's token size by its format's rule (Megatron: uint16 below 65500, "
+                        "else int32; .pbin: the bytes log2(vocab) bits take, 3 as 4); default: the source's "
+                        "tokens decide (uint16 <-> 2 bytes, int32 <-> 4 bytes, 1-byte .pbin -> uint16)")
+    p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin) and cache directories for consistency; "
                                       "exit 0 only if all hold")
-    p.add_argument("paths", nargs="+", metavar="PREFIX|CACHE_DIR")
+    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|CACHE_DIR")
     p.add_argument("--vocab-size", type=int, help="also check every token id is below this")
     _add_version_arg(p)
     p.set_defaults(func=_cmd_verify)

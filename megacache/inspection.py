@@ -24,6 +24,7 @@ from .errors import MegacacheError
 from .megatron.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from .formats.npy import load_npy
+from .formats.pbin import PackedFile, is_pbin
 from .megatron.tokenizer import tokenizer_flags, versions_of
 from .megatron.versions import resolve
 
@@ -316,9 +317,27 @@ class Report:
     problems: list[str]
 
 
+def format_pbin(path: str) -> str:
+    f = PackedFile(path)
+    _, lengths = f.document_window()
+    docs = len(lengths)
+    tokens = len(f.tokens)
+    lines = [f"packed file {path} (Modalities .pbin)",
+             f"  {f.token_size}-byte tokens, {docs:,} documents, {tokens:,} tokens",
+             (f"  document length min {int(lengths.min()) if docs else 0:,} / mean "
+              f"{tokens / docs if docs else 0:,.2f} / max {int(lengths.max()) if docs else 0:,}; "
+              f"{docs - int(np.count_nonzero(lengths)):,} empty"),
+             f"  data {f.layout.data_bytes:,} bytes, index {len(f.index_bytes):,} bytes "
+             f"(pickle protocol {int(f.index_bytes[1])}, read without unpickling)"]
+    return "\n".join(lines)
+
+
 def inspect_path(path: str, megatron_version: str | None = None) -> Report:
-    """A dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a cache directory
-    (its tokenizer identities read as ``megatron_version``'s flags; default as ``versions.resolve``)."""
+    """A ``.pbin`` file, a dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a
+    cache directory (its tokenizer identities read as ``megatron_version``'s flags; default as
+    ``versions.resolve``)."""
+    if is_pbin(path):
+        return Report(format_pbin(path), [])
     prefix = path[:-4] if path.endswith((".idx", ".bin")) and os.path.isfile(path) else path
     # Checked before the directory case: Megatron's default cache dir makes the prefix a directory too.
     if os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)):

@@ -1,4 +1,4 @@
-"""``megacache verify``: full consistency checks of a dataset (``.bin/.idx``) or a cache directory.
+"""``megacache verify``: full consistency checks of a dataset (``.bin/.idx`` or ``.pbin``) or a cache directory.
 
 Megatron's reader checks little beyond the header (docs/megatron.md §1.5); a truncated ``.bin``
 or shuffled boundaries load fine and train on garbage, and so does a cache whose arrays were
@@ -20,6 +20,7 @@ from .errors import FormatError, MegacacheError
 from .megatron.cache import describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path
 from .formats.npy import load_npy
+from .formats.pbin import PackedFile
 from .inspection import inspect_cache, split_range, tokenizer_note
 from .megatron.tokenizer import versions_of
 from .megatron.versions import resolve
@@ -83,6 +84,44 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
                                 f"of size {vocab_size}")
                 break
     return problems
+
+
+def verify_pbin(path: str, vocab_size: int | None = None) -> list[str]:
+    """Every problem of a ``.pbin`` (empty when sound): its header, every byte of its index (never
+    unpickled), documents aligned, in order, contiguous and covering the data, tokens in the
+    vocabulary. Each names the file and the byte or document."""
+    try:
+        f = PackedFile(path)
+        offsets, lengths = f.document_window()
+    except FormatError as exc:
+        return [str(exc)]
+    problems = []
+    ends = offsets + lengths
+    bad = first_bad(offsets[1:] != ends[:-1])
+    if len(offsets) and offsets[0] != 0:
+        problems.append(f"{path}: document 0 starts at token {int(offsets[0])}, not 0")
+    elif bad is not None:
+        gap = int(offsets[bad + 1] - ends[bad])
+        problems.append(f"{path}: {gap} token(s) between documents {bad} and {bad + 1}: the documents do not "
+                        "follow each other")
+    total = len(f.tokens)
+    if not problems and (int(ends[-1]) if len(ends) else 0) != total:
+        problems.append(f"{path}: the documents cover {int(ends[-1]) if len(ends) else 0:,} of the data's "
+                        f"{total:,} tokens")
+    if vocab_size is not None and not problems:
+        for a in range(0, total, BLOCK):
+            block = np.asarray(f.tokens[a : a + BLOCK])
+            bad = first_bad(block >= vocab_size)
+            if bad is not None:
+                problems.append(f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary "
+                                f"of size {vocab_size}")
+                break
+    return problems
+
+
+def summarize_pbin(path: str) -> str:
+    f = PackedFile(path)
+    return f"{path}: {f.document_count:,} documents, {len(f.tokens):,} tokens ({f.token_size}-byte tokens)"
 
 
 def summarize_dataset(prefix: str) -> str:

@@ -21,6 +21,17 @@ def megatron():
     return indexed_dataset
 
 
+@pytest.fixture(scope="session")
+def modalities():
+    """The .pbin oracle: the modalities package, 0.5.0 (its packer and readers, tests/support/modalities.py)."""
+    from importlib.metadata import version
+
+    assert version("modalities") == "0.5.0", version("modalities")
+    from support import modalities as oracle
+
+    return oracle
+
+
 #: lines a test wants in the run's output whether it passes or not (the fault-injection trial counts)
 REPORTS: list[str] = []
 

@@ -8,6 +8,9 @@ cd "$(dirname "$0")/.."
 # torch first, pinned: a looser requirement with no torch installed pulls GBs of CUDA wheels.
 python -m pip install -q --disable-pip-version-check torch==2.13.0
 python -m pip install -q --disable-pip-version-check -e '.[test]'
+# The .pbin oracle, without its training stack (wandb, omegaconf, ...): its packer and readers need
+# only what .[test] installed.
+python -m pip install -q --disable-pip-version-check --no-deps modalities==0.5.0
 # A one-node Slurm for tests/system/test_slurm.py (installs slurm-wlm + munge; needs root, else that test skips).
 # A failed start does not fail the run: the test then skips, saying why.
 if [ "$(id -u)" = 0 ]; then

@@ -1,11 +1,15 @@
-"""Parallel in-place assembly of one IndexedDataset from ordered parts.
+"""Parallel in-place assembly of one dataset, Megatron's ``.bin/.idx`` or a ``.pbin``, from ordered parts.
 
-Tokenize and merge both end here. A *part* is a run of consecutive documents (a tokenized work
-unit, or a chunk of an input dataset). Every rank knows every part's counts (documents, sequences,
-tokens), so each part's global offsets are a prefix sum that every rank computes identically. Rank
-0 preallocates the final ``.bin``/``.idx`` under temporary names, each rank writes the parts it owns
-at their offsets (tokens copied inside the kernel, index slices by pwrite), every rank fsyncs, and
-rank 0 renames both files into place. No rank touches another rank's part.
+Tokenize, merge and convert all end here. A *part* is a run of consecutive documents (a tokenized
+work unit, or a chunk of an input dataset). Every rank knows every part's counts (documents,
+sequences, tokens), so each part's global offsets are a prefix sum that every rank computes
+identically. Rank 0 preallocates the output under a temporary name, each rank writes the parts it
+owns at their offsets (tokens copied inside the kernel, index slices by pwrite), every rank fsyncs,
+and rank 0 renames the output into place. No rank touches another rank's part.
+
+A ``.pbin``'s index is a pickle whose frames depend on every byte before them: each rank encodes its
+parts unframed, the frame cuts are found part after part in output order (one broadcast of a
+position per owner, a few operations per 64 KiB of index), and then every rank writes its bytes.
 """
 
 from __future__ import annotations
@@ -17,9 +21,15 @@ from typing import Callable
 import numpy as np
 
 from ..comm import Comm
+from ..errors import MegacacheError
+from ..formats import pickled_pairs
 from ..formats.indexed import IndexLayout, IndexWriter, bin_path, idx_path
-from ..fsio import copy_range, fsync_dir, remove_quietly, tmp_path
+from ..formats.pbin import TOKEN_DTYPES, PbinWriter, is_pbin
+from ..fsio import copy_range, fsync_dir, pwrite_all, remove_quietly, tmp_path
 from ..coordination import guarded
+
+#: tokens per block when a part's tokens change dtype on the way (convert)
+_CONVERT_TOKENS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -36,8 +46,43 @@ class Part:
     sequence_lengths: np.ndarray  # int32[sequences]
     document_ends: np.ndarray     # int64[documents]: exclusive end of each document, as a sequence
                                   # index relative to the part's first sequence
-    token_file: str               # tokens, in the output dtype, at [token_offset, +nbytes)
+    token_file: str               # tokens at [token_offset, +nbytes)
     token_offset: int = 0
+    token_dtype: np.dtype | None = None  # the tokens' dtype in token_file, if not the output's
+
+    def document_lengths(self) -> np.ndarray:
+        """Tokens per document (its sequences together)."""
+        ends = np.zeros(len(self.sequence_lengths) + 1, dtype=np.int64)
+        np.cumsum(self.sequence_lengths, out=ends[1:])
+        starts = np.zeros(len(self.document_ends) + 1, dtype=np.int64)
+        starts[1:] = self.document_ends
+        return np.diff(ends[starts])
+
+
+def _write_tokens(part: Part, tokens: int, dtype: np.dtype, fd: int, offset: int, where: str) -> None:
+    """Put a part's ``tokens`` tokens at byte ``offset`` of ``fd``, in ``dtype``."""
+    if not tokens:
+        return
+    source = np.dtype(part.token_dtype or dtype)
+    src = os.open(part.token_file, os.O_RDONLY)
+    try:
+        if source == dtype:
+            copy_range(src, part.token_offset, fd, offset, tokens * dtype.itemsize)
+            return
+        info = np.iinfo(dtype)
+        for t0 in range(0, tokens, _CONVERT_TOKENS):
+            n = min(_CONVERT_TOKENS, tokens - t0)
+            block = np.frombuffer(os.pread(src, n * source.itemsize, part.token_offset + t0 * source.itemsize),
+                                  dtype=source)
+            if len(block) != n:
+                raise MegacacheError(f"{part.token_file}: ends before its index says (truncated file?)")
+            lo, hi = (int(block.min()), int(block.max()))
+            if lo < info.min or hi > info.max:
+                raise MegacacheError(f"{part.token_file}: token {hi if hi > info.max else lo} does not fit "
+                                     f"{where}'s {dtype.itemsize}-byte tokens; give a larger --vocab-size")
+            pwrite_all(fd, block.astype(dtype), offset + t0 * dtype.itemsize)
+    finally:
+        os.close(src)
 
 
 def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
@@ -64,13 +109,7 @@ def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
                     raise RuntimeError(f"part {p} does not match its recorded counts {counts[p]}")
                 writer.write_sequences(seq0, part.sequence_lengths, tok0 * dtype.itemsize)
                 writer.write_documents(doc0 + 1, part.document_ends + seq0)
-                nbytes = counts[p].tokens * dtype.itemsize
-                if nbytes:
-                    src = os.open(part.token_file, os.O_RDONLY)
-                    try:
-                        copy_range(src, part.token_offset, writer.bin_fd, tok0 * dtype.itemsize, nbytes)
-                    finally:
-                        os.close(src)
+                _write_tokens(part, counts[p].tokens, dtype, writer.bin_fd, tok0 * dtype.itemsize, prefix)
             # Each rank makes its own writes durable (on network filesystems only the writer can).
             os.fsync(writer.idx_fd)
             os.fsync(writer.bin_fd)
@@ -87,15 +126,85 @@ def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
     return layout
 
 
-def discard(prefix: str, tag: str) -> None:
-    """Remove the temporaries an ``assemble`` with this tag may have left."""
-    remove_quietly(tmp_path(idx_path(prefix), tag))
-    remove_quietly(tmp_path(bin_path(prefix), tag))
+def assemble_pbin(comm: Comm, path: str, token_size: int, counts: list[PartCounts], mine: list[int],
+                  load: Callable[[int], Part], tag: str) -> int:
+    """Write the ``.pbin`` ``path`` from ``counts`` and this rank's parts ``mine`` (as ``assemble``);
+    every rank's parts must be a contiguous run, in rank order. Returns the documents written."""
+    dtype = TOKEN_DTYPES[token_size]
+    table = np.array([[c.documents, c.tokens] for c in counts], dtype=np.int64).reshape(-1, 2)
+    starts = np.zeros_like(table)
+    np.cumsum(table[:-1], axis=0, out=starts[1:])
+    documents, tokens = (int(v) for v in table.sum(axis=0))
+    last = len(counts) - 1
+
+    encoded = {}
+    for p in mine:
+        doc0, tok0 = (int(v) for v in starts[p])
+        part = load(p)
+        lengths = part.document_lengths()
+        if len(lengths) != counts[p].documents or int(lengths.sum()) != counts[p].tokens:
+            raise RuntimeError(f"part {p} does not match its recorded counts {counts[p]}")
+        offsets = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        offsets += tok0
+        payload, boundaries = pickled_pairs.encode(offsets * token_size, lengths * token_size, doc0, documents,
+                                                   opens=p == 0, closes=p == last)
+        encoded[p] = (part, payload, boundaries)
+    sizes = {}
+    for gathered in comm.allgather({p: len(e[1]) for p, e in encoded.items()}):
+        sizes.update(gathered)
+    payload_at = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum([sizes[p] for p in range(len(counts))], out=payload_at[1:])
+    payload_total = int(payload_at[-1])
+
+    # Frame cuts in output order: each rank continues from where the ranks before it left the open frame.
+    frame_start, cuts = 0, []
+    for owner, parts in enumerate(comm.allgather(sorted(mine))):
+        if owner == comm.rank:
+            for p in parts:
+                found, frame_start = pickled_pairs.frame_cuts(encoded[p][2] + payload_at[p], frame_start)
+                cuts.append(found)
+        if parts:
+            frame_start = comm.bcast(frame_start, root=owner)
+    mine_cuts = np.concatenate(cuts) if cuts else np.zeros(0, dtype=np.int64)
+    frames = pickled_pairs.frame_starts(np.concatenate(comm.allgather(mine_cuts)), payload_total)
+    index_bytes = pickled_pairs.pickle_size(payload_total, len(frames))
+
+    tmp = tmp_path(path, tag)
+    comm.on_root(lambda: PbinWriter.create(tmp, tokens * token_size, token_size, index_bytes),
+                 "preallocating the output")
+    with comm.agreed(f"writing {path}"):
+        with PbinWriter.open(tmp, tokens * token_size) as writer:
+            for p, (part, payload, _) in encoded.items():
+                start = int(payload_at[p])
+                before = int(np.count_nonzero(frames < start))
+                writer.write_index(pickled_pairs.output_position(start, before),
+                                   pickled_pairs.assemble_frames(payload, start, frames, payload_total, before))
+                _write_tokens(part, counts[p].tokens, dtype, writer.fd,
+                              writer.data_offset(int(starts[p][1]) * token_size), path)
+            os.fsync(writer.fd)
+
+    def publish() -> None:
+        os.replace(tmp, path)
+        fsync_dir(path)
+
+    comm.on_root(publish, f"publishing {path}")
+    return documents
 
 
-def temporaries(prefix: str) -> tuple[str, ...]:
-    """Name prefixes of every temporary an ``assemble`` into ``prefix`` writes, whatever its tag."""
-    return tuple(os.path.basename(tmp_path(path(prefix), "")) for path in (idx_path, bin_path))
+def discard(output: str, tag: str) -> None:
+    """Remove the temporaries an assembly of ``output`` (a prefix or a ``.pbin``) with this tag may have left."""
+    for path in _files(output):
+        remove_quietly(tmp_path(path, tag))
+
+
+def _files(output: str) -> tuple[str, ...]:
+    return (output,) if is_pbin(output) else (idx_path(output), bin_path(output))
+
+
+def temporaries(output: str) -> tuple[str, ...]:
+    """Name prefixes of every temporary an assembly of ``output`` writes, whatever its tag."""
+    return tuple(os.path.basename(tmp_path(path, "")) for path in _files(output))
 
 
 def guarded_output(comm: Comm, output_prefix: str, prefixes: list[str], what: str, work_dirs=()):

@@ -1,9 +1,15 @@
-"""``megacache merge``: concatenate datasets, in the order given, into one.
+"""``megacache merge`` and ``megacache convert``: datasets copied, in the order given, into one.
 
-The result equals Megatron's ``IndexedDatasetBuilder.add_index`` over the same prefixes (documents
-appended, boundaries shifted, pointers recomputed), but written in parallel: each input is cut into
-chunks of whole documents, chunks are parts for ``assemble``, and each rank copies its chunks'
-tokens straight from the input ``.bin`` into place.
+A dataset is a Megatron prefix (``.bin/.idx``) or a Modalities ``.pbin`` (a path ending in
+``.pbin``). Merge concatenates datasets of one format into that format: for Megatron prefixes the
+result equals Megatron's ``IndexedDatasetBuilder.add_index`` over them (documents appended,
+boundaries shifted, pointers recomputed); for ``.pbin`` files the offsets of each file are shifted
+by the data before it (docs/modalities.md §4). Convert writes one dataset in the other format.
+
+Both run in parallel the same way: each input is cut into chunks of whole documents, chunks are
+parts for ``assemble``, and each rank copies its chunks' tokens from the input into place (inside
+the kernel when the token size stays, a block at a time when it changes). A ``.pbin`` input's index
+is decoded by one rank per file to plan its chunks, then by each chunk's owner for its window.
 """
 
 from __future__ import annotations
@@ -17,16 +23,23 @@ import numpy as np
 from ..blocks import first_bad
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
-from ..formats.indexed import IndexedDataset, bin_path, idx_path
-from .assemble import Part, PartCounts, assemble, discard, guarded_output
+from ..formats.indexed import IndexedDataset, bin_path, idx_path, optimal_dtype
+from ..formats.pbin import HEADER_SIZE, TOKEN_DTYPES, PackedFile, is_pbin, token_size
+from .assemble import Part, PartCounts, assemble, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
 
 DEFAULT_CHUNK_BYTES = 256 << 20
 
+#: a Megatron token dtype -> the .pbin token size that holds it, when no --vocab-size says otherwise
+_PBIN_SIZE_OF = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int32): 4}
+#: a .pbin token size -> the Megatron dtype, when no --vocab-size says otherwise (Megatron's rule
+#: gives uint16 to every vocabulary a 1- or 2-byte .pbin can hold, except 65500..65536)
+_MEGATRON_DTYPE_OF = {1: np.dtype(np.uint16), 2: np.dtype(np.uint16), 4: np.dtype(np.int32)}
+
 
 @dataclass(frozen=True)
 class Chunk:
-    source: int     # index into the input prefixes
+    source: int     # index into the inputs
     doc_start: int
     doc_stop: int
 
@@ -40,14 +53,20 @@ class MergeResult:
     inputs: int
     seconds: float
     ranks: int
+    joined: int  # documents of several sequences that became one (a .pbin has no sentence boundaries)
 
 
-def _plan(prefixes: list[str], chunk_bytes: int) -> tuple[np.dtype, list[Chunk], list[PartCounts]]:
-    if not prefixes:
-        raise MegacacheError("merge: give at least one input prefix")
-    if len(set(prefixes)) != len(prefixes):
-        dup = sorted({p for p in prefixes if prefixes.count(p) > 1})
-        raise MegacacheError(f"merge: input prefix given more than once: {', '.join(dup)}")
+def _check_inputs(inputs: list[str], output: str, verb: str) -> None:
+    if not inputs:
+        raise MegacacheError(f"{verb}: give at least one input")
+    if len(set(inputs)) != len(inputs):
+        dup = sorted({p for p in inputs if inputs.count(p) > 1})
+        raise MegacacheError(f"{verb}: input given more than once: {', '.join(dup)}")
+    if output in inputs:
+        raise MegacacheError(f"{verb}: the output {output} is also an input")
+
+
+def _plan_megatron(prefixes: list[str], chunk_bytes: int) -> tuple[np.dtype, list[Chunk], list[PartCounts]]:
     chunks: list[Chunk] = []
     counts: list[PartCounts] = []
     dtype = None
@@ -75,44 +94,154 @@ def _plan(prefixes: list[str], chunk_bytes: int) -> tuple[np.dtype, list[Chunk],
     return dtype, chunks, counts
 
 
-def merge(prefixes: list[str], output_prefix: str, comm: Comm | None = None,
-          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> MergeResult:
-    comm = comm or get_comm()
+def _load_megatron(prefixes: list[str], opened: dict, chunk: Chunk, count: PartCounts) -> Part:
+    c = chunk
+    ds = opened.setdefault(c.source, IndexedDataset(prefixes[c.source]))
+    di = ds.document_indices
+    bounds = np.asarray(di[c.doc_start: c.doc_stop + 1])
+    bad = first_bad(np.diff(bounds) < 0)
+    if bad is not None:
+        d = c.doc_start + bad + 1
+        raise MegacacheError(f"{idx_path(prefixes[c.source])}: document_indices[{d}] = {int(bounds[bad + 1])} is "
+                             f"below document_indices[{d - 1}] = {int(bounds[bad])}; the index is damaged, run "
+                             f"megacache verify on it")
+    s0, s1 = int(bounds[0]), int(bounds[-1])
+    lengths = np.asarray(ds.sequence_lengths[s0:s1])
+    if int(lengths.sum(dtype=np.int64)) != count.tokens:
+        raise MegacacheError(f"{prefixes[c.source]}.idx: the pointers of sequences {s0}..{s1} disagree with "
+                             f"their lengths; run megacache verify on it")
+    return Part(sequence_lengths=lengths, document_ends=np.asarray(di[c.doc_start + 1 : c.doc_stop + 1]) - s0,
+                token_file=bin_path(prefixes[c.source]),
+                token_offset=int(ds.sequence_pointers[s0]) if s1 > s0 else 0, token_dtype=ds.dtype)
+
+
+def _contiguous(path: str, offsets: np.ndarray, lengths: np.ndarray, first: int, start: int) -> None:
+    """A .pbin's documents must follow each other without gaps to be copied as one run."""
+    expected = np.empty(len(offsets), dtype=np.int64)
+    if len(offsets):
+        expected[0] = start
+        np.cumsum(lengths[:-1], out=expected[1:])
+        expected[1:] += start
+    bad = first_bad(offsets != expected)
+    if bad is not None:
+        shift = int(expected[bad] - offsets[bad])
+        hint = (" (a file from Modalities' merge_packed_data: it shifts every later file's offsets by 12 bytes "
+                "per file before; merge the originals with megacache merge)") if shift > 0 and shift % 12 == 0 else ""
+        raise MegacacheError(f"{path}: document {first + bad} starts at token {int(offsets[bad])}, not where the "
+                             f"one before it ends ({int(expected[bad])}){hint}")
+
+
+def _plan_pbin(comm: Comm, paths: list[str], chunk_bytes: int) -> tuple[int, list[Chunk], list[PartCounts]]:
+    """Every file's index decoded by one rank, cut into chunks of about ``chunk_bytes`` of data."""
+    def plan_file(j: int) -> tuple[int, list[Chunk], list[PartCounts]]:
+        f = PackedFile(paths[j])
+        offsets, lengths = f.document_window()
+        _contiguous(paths[j], offsets, lengths, 0, 0)
+        per_chunk = max(1, chunk_bytes // f.token_size)
+        ends = offsets + lengths
+        targets = np.arange(per_chunk, int(ends[-1]) if len(ends) else 0, per_chunk)
+        cuts = np.unique(np.minimum(np.concatenate([[0], np.searchsorted(ends, targets) + 1, [len(ends)]]), len(ends)))
+        if len(cuts) == 1:
+            cuts = np.array([0, 0])
+        csum = np.concatenate([[0], np.cumsum(lengths > 0)])
+        chunks = [Chunk(j, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
+        counts = [PartCounts(int(b - a), int(csum[b] - csum[a]), int(lengths[a:b].sum())) for a, b in zip(cuts[:-1], cuts[1:])]
+        return f.token_size, chunks, counts
+
+    with comm.agreed("reading the .pbin indices"):
+        mine = {j: plan_file(j) for j in range(comm.rank, len(paths), comm.size)}
+    planned: dict = {}
+    for part in comm.allgather(mine):
+        planned.update(part)
+    sizes = {planned[j][0] for j in range(len(paths))}
+    if len(sizes) > 1:
+        desc = ", ".join(f"{paths[j]}: {planned[j][0]}" for j in range(len(paths)))
+        raise MegacacheError(f"merge: the .pbin files have different token sizes ({desc}); they cannot be merged")
+    return (sizes.pop(), [c for j in range(len(paths)) for c in planned[j][1]],
+            [c for j in range(len(paths)) for c in planned[j][2]])
+
+
+def _load_pbin(paths: list[str], opened: dict, chunk: Chunk) -> Part:
+    f = opened.setdefault(chunk.source, PackedFile(paths[chunk.source]))
+    offsets, lengths = f.document_window(chunk.doc_start, chunk.doc_stop - chunk.doc_start)
+    start = int(offsets[0]) if len(offsets) else 0
+    _contiguous(paths[chunk.source], offsets, lengths, chunk.doc_start, start)
+    nonempty = lengths > 0
+    return Part(sequence_lengths=lengths[nonempty].astype(np.int32), document_ends=np.cumsum(nonempty, dtype=np.int64),
+                token_file=paths[chunk.source], token_offset=HEADER_SIZE + start * f.token_size, token_dtype=f.dtype)
+
+
+def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, vocab_size: int | None,
+          verb: str) -> MergeResult:
     t0 = time.monotonic()
-    if output_prefix in prefixes:
-        raise MegacacheError(f"merge: the output prefix {output_prefix} is also an input")
-    dtype, chunks, counts = comm.on_root(lambda: _plan(prefixes, chunk_bytes), "planning the merge")
+    pbin_in, pbin_out = is_pbin(inputs[0]), is_pbin(output)
+    if pbin_in:
+        size, chunks, counts = _plan_pbin(comm, inputs, chunk_bytes)
+        source_dtype = TOKEN_DTYPES[size]
+    else:
+        source_dtype, chunks, counts = comm.on_root(lambda: _plan_megatron(inputs, chunk_bytes), "planning")
+    if pbin_out:
+        if vocab_size is not None:
+            out_size = token_size(vocab_size)
+        elif pbin_in:
+            out_size = source_dtype.itemsize
+        elif source_dtype in _PBIN_SIZE_OF:
+            out_size = _PBIN_SIZE_OF[source_dtype]
+        else:
+            raise MegacacheError(f"{verb}: {inputs[0]} holds {source_dtype.name} tokens, which a .pbin does not "
+                                 "hold as they are; give --vocab-size to choose the token size")
+        dtype = TOKEN_DTYPES[out_size]
+    elif vocab_size is not None:
+        dtype = optimal_dtype(vocab_size)
+    else:
+        dtype = _MEGATRON_DTYPE_OF[source_dtype.itemsize] if pbin_in else source_dtype
+
     owner = contiguous_shares([c.tokens for c in counts], comm.size)
     mine = [i for i in range(len(chunks)) if owner[i] == comm.rank]
-    opened: dict[int, IndexedDataset] = {}
+    opened: dict = {}
+    joined = [0]
 
     def load(i: int) -> Part:
-        c = chunks[i]
-        ds = opened.setdefault(c.source, IndexedDataset(prefixes[c.source]))
-        di = ds.document_indices
-        bounds = np.asarray(di[c.doc_start: c.doc_stop + 1])
-        bad = first_bad(np.diff(bounds) < 0)
-        if bad is not None:
-            d = c.doc_start + bad + 1
-            raise MegacacheError(f"{idx_path(prefixes[c.source])}: document_indices[{d}] = {int(bounds[bad + 1])} is "
-                                 f"below document_indices[{d - 1}] = {int(bounds[bad])}; the index is damaged, run "
-                                 f"megacache verify on it")
-        s0, s1 = int(bounds[0]), int(bounds[-1])
-        lengths = np.asarray(ds.sequence_lengths[s0:s1])
-        if int(lengths.sum(dtype=np.int64)) != counts[i].tokens:
-            raise MegacacheError(f"{prefixes[c.source]}.idx: the pointers of sequences {s0}..{s1} disagree with "
-                                 f"their lengths; run megacache verify on it")
-        return Part(sequence_lengths=lengths,
-                    document_ends=np.asarray(di[c.doc_start + 1 : c.doc_stop + 1]) - s0,
-                    token_file=bin_path(prefixes[c.source]),
-                    token_offset=int(ds.sequence_pointers[s0]) if s1 > s0 else 0)
+        if pbin_in:
+            return _load_pbin(inputs, opened, chunks[i])
+        part = _load_megatron(inputs, opened, chunks[i], counts[i])
+        joined[0] += int(np.count_nonzero(np.diff(part.document_ends, prepend=0) > 1))
+        return part
 
-    with guarded_output(comm, output_prefix, [output_prefix], f"megacache merge into {output_prefix}") as guard:
+    with guarded_output(comm, output, [output], f"megacache {verb} into {output}") as guard:
         guard.enter("writing")
         try:
-            layout = assemble(comm, output_prefix, dtype, counts, mine, load, guard.job)
+            if pbin_out:
+                documents = assemble_pbin(comm, output, dtype.itemsize, counts, mine, load, guard.job)
+                sequences = documents
+            else:
+                layout = assemble(comm, output, dtype, counts, mine, load, guard.job)
+                documents, sequences = layout.document_count - 1, layout.sequence_count
         finally:
-            discard(output_prefix, guard.job)
-    return MergeResult(output=output_prefix, documents=layout.document_count - 1,
-                       sequences=layout.sequence_count, tokens=sum(c.tokens for c in counts),
-                       inputs=len(prefixes), seconds=time.monotonic() - t0, ranks=comm.size)
+            discard(output, guard.job)
+    return MergeResult(output=output, documents=documents, sequences=sequences, tokens=sum(c.tokens for c in counts),
+                       inputs=len(inputs), seconds=time.monotonic() - t0, ranks=comm.size,
+                       joined=comm.allreduce(joined[0]) if pbin_out else 0)
+
+
+def merge(inputs: list[str], output: str, comm: Comm | None = None,
+          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> MergeResult:
+    """Concatenate datasets of one format (Megatron prefixes, or ``.pbin`` files) into ``output``."""
+    _check_inputs(inputs, output, "merge")
+    kinds = {is_pbin(p) for p in inputs + [output]}
+    if len(kinds) > 1:
+        raise MegacacheError("merge: the inputs and the output must all be .pbin files or all Megatron prefixes; "
+                             "megacache convert changes the format")
+    return _copy(inputs, output, comm or get_comm(), chunk_bytes, None, "merge")
+
+
+def convert(source: str, output: str, comm: Comm | None = None, vocab_size: int | None = None,
+            chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> MergeResult:
+    """A Megatron prefix as a ``.pbin``, or a ``.pbin`` as a Megatron prefix. ``vocab_size`` picks
+    the output's token size by the output format's rule; without it the source's tokens decide."""
+    _check_inputs([source], output, "convert")
+    if is_pbin(source) == is_pbin(output):
+        kind = "both .pbin files" if is_pbin(source) else "both Megatron prefixes"
+        raise MegacacheError(f"convert: {source} and {output} are {kind}; one must end in .pbin (Modalities) and "
+                             "the other name a Megatron prefix (megacache merge copies within a format)")
+    return _copy([source], output, comm or get_comm(), chunk_bytes, vocab_size, "convert")

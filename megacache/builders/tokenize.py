@@ -9,6 +9,9 @@
 3. Assembly (``assemble.py``): prefix sums of every unit's counts give every unit its offsets in
    the final files, which are preallocated and filled in place by the units' owners, then renamed
    into place. Document order is input order whatever the rank count, so the bytes are too.
+
+``--output-format pbin`` writes Modalities' ``.pbin`` instead (docs/modalities.md): the same units
+and assembly, tokens in its token size, and every document ending with EOD as its packer ends them.
 """
 
 from __future__ import annotations
@@ -27,15 +30,18 @@ from ..backends import DEFAULT_VERIFY_FRACTION, Disagreement, SampleCheck, selec
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import optimal_dtype
+from ..formats.pbin import SUFFIX as PBIN_SUFFIX, TOKEN_DTYPES, token_size
 from ..fsio import publish, read_json, remove_quietly, remove_tree, tmp_path, write_json_atomic, writing
 from ..inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
 from ..coordination import Guard
 from ..progress import Progress
 from ..tokenization import Tokenizer, load_tokenizer
-from .assemble import Part, PartCounts, assemble, discard, guarded_output
+from .assemble import Part, PartCounts, assemble, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+#: megatron: ``.bin/.idx`` as Megatron's preprocess_data.py; pbin: Modalities' packed file
+OUTPUT_FORMATS = ("megatron", "pbin")
 DEFAULT_UNIT_BYTES = 64 << 20
 #: input bytes per encode call: large enough that a call's fixed costs (gigatoken's result arrays,
 #: the thread pool's start) vanish, small enough to keep memory per rank in megabytes
@@ -72,10 +78,16 @@ class TokenizeConfig:
     verify_fraction: float = DEFAULT_VERIFY_FRACTION
     #: stop, rather than redo the unit with the reference, when the fast backend disagrees
     strict_backend: bool = False
+    output_format: str = "megatron"
+
+    @property
+    def pbin(self) -> bool:
+        return self.output_format == "pbin"
 
     def output_path(self, key: str) -> str:
-        """Megatron's naming: ``{prefix}_{key}_document`` (preprocess_data.py, no sentence split)."""
-        return f"{self.output_prefix}_{key}_document"
+        """Megatron's naming: ``{prefix}_{key}_document`` (preprocess_data.py, no sentence split),
+        with ``.pbin`` after it for Modalities' format."""
+        return f"{self.output_prefix}_{key}_document" + (PBIN_SUFFIX if self.pbin else "")
 
     @property
     def work_dir(self) -> str:
@@ -96,6 +108,8 @@ class TokenizeResult:
     seconds: float
     ranks: int
     dtype: str
+    output_format: str
+    empty: dict[str, int]            # per key: documents with no tokens (.pbin: written as one EOD)
     backend: str                     # which backend encoded, and why
     checked_documents: int           # documents the guard encoded again with the reference
     disagreements: list[str]         # units the fast backend got wrong (redone with the reference)
@@ -127,6 +141,7 @@ def _fingerprint(cfg: TokenizeConfig, paths: list[str], tok: Tokenizer, dtype: n
         "version": FORMAT_VERSION, "files": files, "keys": cfg.json_keys, "append_eod": cfg.append_eod,
         "tokenizer": tok.name, "vocab_size": tok.vocab_size, "eod": tok.eod, "dtype": dtype.name,
         "unit_bytes": cfg.unit_bytes, "skip_bad": cfg.skip_bad, "special_tokens": cfg.special_tokens,
+        "output_format": cfg.output_format,
     }
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
 
@@ -157,6 +172,17 @@ def _with_eod(ids: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarra
     nonempty = lengths > 0
     ends = np.cumsum(lengths)[nonempty]
     return np.insert(ids, ends, eod), lengths + nonempty
+
+
+def _ending_with_eod(ids: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
+    """End every document with EOD unless its last token is EOD already, as Modalities' packer does;
+    a document with no tokens becomes one EOD (its packer would drop it and the rest of its file)."""
+    ends = np.cumsum(lengths)
+    last = np.full(len(lengths), -1, dtype=np.int64)
+    nonempty = lengths > 0
+    last[nonempty] = ids[ends[nonempty] - 1]
+    needs = last != eod
+    return np.insert(ids, ends[needs], eod), lengths + needs
 
 
 def _check_range(ids: np.ndarray, dtype: np.dtype, unit: WorkUnit, tok: Tokenizer) -> None:
@@ -214,6 +240,7 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
     parts = {k: (tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.bin"), tag),
                  tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.doclen"), tag)) for k in cfg.json_keys}
     counts = {k: [0, 0, 0] for k in cfg.json_keys}
+    empty = dict.fromkeys(cfg.json_keys, 0)
     reported = {"bytes": 0, "docs": 0, "tokens": 0}
     documents = 0
     guards = {k: SampleCheck(tok, cfg.verify_fraction, unit.index) for k in cfg.json_keys} if tok.reference else None
@@ -243,7 +270,10 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
                     guards[key].add(documents, texts, ids, lengths)
                     seconds["guard"] += clock() - t
                 t = clock()
-                if cfg.append_eod:
+                if cfg.pbin:
+                    empty[key] += int(np.count_nonzero(lengths == 0))
+                    ids, lengths = _ending_with_eod(ids, lengths, tok.eod)
+                elif cfg.append_eod:
                     ids, lengths = _with_eod(ids, lengths, tok.eod)
                 _check_range(ids, dtype, unit, tok)
                 fb, fd = files[key]
@@ -281,8 +311,8 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
         for f in opened:
             f.close()
     checked = sum(g.checked for g in guards.values()) if guards else 0
-    return {"counts": counts, "bad_count": bad.count, "bad_first": bad.first, "checked": checked,
-            "seconds": seconds}
+    return {"counts": counts, "empty": empty, "bad_count": bad.count, "bad_first": bad.first,
+            "checked": checked, "seconds": seconds}
 
 
 def _load_part(cfg: TokenizeConfig, key: str, index: int) -> Part:
@@ -301,6 +331,8 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
         raise MegacacheError(f"--unit-bytes must be positive, got {cfg.unit_bytes}")
     if not 0 <= cfg.verify_fraction <= 1:
         raise MegacacheError(f"--verify-fraction must be between 0 and 1, got {cfg.verify_fraction}")
+    if cfg.output_format not in OUTPUT_FORMATS:
+        raise MegacacheError(f"--output-format {cfg.output_format!r}: expected one of {', '.join(OUTPUT_FORMATS)}")
 
     def plan():
         paths = expand_inputs(cfg.inputs)
@@ -311,10 +343,11 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
     with comm.agreed("loading the tokenizer"):
         threads = cfg.threads or _default_threads(comm)
         reference = _load_tokenizer(cfg, threads)
-        if cfg.append_eod and reference.eod is None:
-            raise MegacacheError(f"--append-eod: {reference.name} has no end-of-document token; pass --eod-id")
+        if (cfg.append_eod or cfg.pbin) and reference.eod is None:
+            flag = "--output-format pbin (every document ends with EOD)" if cfg.pbin else "--append-eod"
+            raise MegacacheError(f"{flag}: {reference.name} has no end-of-document token; pass --eod-id")
         tok, backend = select_backend(reference, cfg.backend, threads, cfg.strict_backend)
-    dtype = optimal_dtype(tok.vocab_size)
+    dtype = TOKEN_DTYPES[token_size(tok.vocab_size)] if cfg.pbin else optimal_dtype(tok.vocab_size)
 
     outputs = [cfg.output_path(k) for k in cfg.json_keys]
     with guarded_output(comm, cfg.output_prefix, outputs, f"megacache tokenize into {cfg.output_prefix}",
@@ -325,7 +358,8 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
         outputs={k: cfg.output_path(k) for k in cfg.json_keys}, documents=documents, tokens=tokens,
         units=len(units), units_reused=len(reused), bad_count=sum(r["bad_count"] for r in ordered),
         bad_first=bad_first, seconds=time.monotonic() - t0, ranks=comm.size, dtype=dtype.name,
-        backend=backend, checked_documents=sum(r["checked"] for r in ordered),
+        output_format=cfg.output_format,
+        empty={k: sum(r["empty"][k] for r in ordered) for k in cfg.json_keys}, backend=backend, checked_documents=sum(r["checked"] for r in ordered),
         disagreements=[r["disagreement"] for r in ordered if r["disagreement"]],
         stage_seconds={k: sum(ordered[u.index]["seconds"][k] for u in units if u.index not in reused)
                        for k in STAGES},
@@ -376,9 +410,12 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
         guard.enter(f"writing {cfg.output_path(key)}")
         counts = [PartCounts(*r["counts"][key]) for r in ordered]
         out = cfg.output_path(key)
+        load = lambda i, key=key: _load_part(cfg, key, i)  # noqa: E731
         try:
-            assemble(comm, out, dtype, counts, [u.index for u in mine],
-                     lambda i, key=key: _load_part(cfg, key, i), tag)
+            if cfg.pbin:
+                assemble_pbin(comm, out, dtype.itemsize, counts, [u.index for u in mine], load, tag)
+            else:
+                assemble(comm, out, dtype, counts, [u.index for u in mine], load, tag)
         finally:
             discard(out, tag)
         tokens[key] = sum(c.tokens for c in counts)
@@ -393,9 +430,16 @@ def summary(result: TokenizeResult) -> str:
     lines = [f"megacache tokenize: done in {result.seconds:.1f} s on {result.ranks} rank(s)",
              f"  units: {result.units} ({result.units_reused} reused from an earlier run, "
              f"{result.units - result.units_reused} tokenized now)"]
-    for key, prefix in result.outputs.items():
-        lines.append(f"  {prefix}.bin/.idx: {result.documents:,} documents, {result.tokens[key]:,} tokens "
-                     f"({result.dtype})")
+    for key, path in result.outputs.items():
+        if result.output_format == "pbin":
+            lines.append(f"  {path}: {result.documents:,} documents, {result.tokens[key]:,} tokens "
+                         f"({np.dtype(result.dtype).itemsize}-byte tokens), every document ending with EOD")
+            if result.empty[key]:
+                lines.append(f"  {result.empty[key]:,} document(s) of '{key}' had no tokens: each is one EOD token "
+                             "in the .pbin")
+        else:
+            lines.append(f"  {path}.bin/.idx: {result.documents:,} documents, {result.tokens[key]:,} tokens "
+                         f"({result.dtype})")
     total = sum(result.tokens.values())
     rate = total / max(result.seconds, 1e-9)
     lines.append(f"  throughput: {rate:,.0f} tokens/s total, {rate / result.ranks:,.0f} tokens/s per rank")

@@ -89,3 +89,44 @@ def _byte_level_chars() -> list[str]:
             chars[b] = chr(256 + extra)
             extra += 1
     return [chars[b] for b in range(256)]
+
+
+#: tokenizers for the .pbin tests, by the token size Modalities gives them
+PBIN_TOKENIZERS = {"bytes2": 2, "chars1": 1, "words4": 4}
+WORDS4_WORDS = 70_000
+
+
+def write_pbin_tokenizers(root: Path) -> dict[str, Path]:
+    """Hugging Face tokenizer directories (tokenizer.json + tokenizer_config.json with EOS
+    ``<|endoftext|>``) trained or built here, one per .pbin token size: a byte-level BPE (2 bytes),
+    a character BPE of under 256 tokens (1 byte), a word-level vocabulary of 70,002 (4 bytes)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from megacache.sample_corpus import sample_documents
+
+    text = sample_documents(2000, seed=5)
+    made = {}
+    bytes2 = Tokenizer(models.BPE())
+    bytes2.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bytes2.decoder = decoders.ByteLevel()
+    bytes2.train_from_iterator(text, trainers.BpeTrainer(vocab_size=2000, special_tokens=["<|endoftext|>"],
+                                                         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    made["bytes2"] = bytes2
+    chars1 = Tokenizer(models.BPE(unk_token="<unk>"))
+    chars1.pre_tokenizer = pre_tokenizers.Whitespace()
+    chars1.train_from_iterator(text, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<|endoftext|>"]))
+    made["chars1"] = chars1
+    vocab = {"<unk>": 0, "<|endoftext|>": 1, **{f"w{i}": i + 2 for i in range(WORDS4_WORDS)}}
+    words4 = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words4.pre_tokenizer = pre_tokenizers.Whitespace()
+    made["words4"] = words4
+    dirs = {}
+    for name, tok in made.items():
+        tok.add_special_tokens(["<|endoftext|>"])
+        d = root / name
+        d.mkdir(parents=True)
+        tok.save(str(d / "tokenizer.json"))
+        (d / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
+        dirs[name] = d
+    return dirs
