@@ -81,9 +81,10 @@ def test_tokenize_writes_the_packers_bytes(tmp_path, tokenizers, packed, kind, r
         assert len(ours) - struct.unpack("<Q", ours[:8])[0] > 65536  # an index of several pickle frames
 
 
-def test_modalities_readers_read_megacache_files(tmp_path, tokenizers, packed, modalities):
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_modalities_readers_read_megacache_files(tmp_path, tokenizers, packed, modalities, ranks):
     src, docs, _ = packed["bytes2"]
-    run_megacache(2, "tokenize", "--input", src, "--output-prefix", str(tmp_path / "out"), "--output-format",
+    run_megacache(ranks, "tokenize", "--input", src, "--output-prefix", str(tmp_path / "out"), "--output-format",
                   "pbin", "--tokenizer", str(tokenizers["bytes2"]), "--unit-bytes", "64K")
     path = str(tmp_path / "out_text_document.pbin")
     want = expected_documents(tokenizers["bytes2"], docs)

@@ -106,13 +106,15 @@ def test_byte_tokenizer_is_the_default(tmp_path, megatron):
     assert file_bytes(str(tmp_path / "o_text_document")) == file_bytes(str(tmp_path / "ref"))
 
 
-def test_resume_after_sigkill_redoes_only_unfinished_units(tmp_path, bpe, megatron, hf):
+@pytest.mark.parametrize("output_format", ["megatron", "pbin"])
+def test_resume_after_sigkill_redoes_only_unfinished_units(tmp_path, bpe, megatron, hf, output_format):
     encode, eod = hf
     docs = documents(6000, seed=11)
     for f in range(4):
         write_input(str(tmp_path / f"s{f}.jsonl"), docs[f::4])
-    args = ["tokenize", "--input", str(tmp_path / "s*.jsonl"), "--output-prefix", str(tmp_path / "o"),
-            "--tokenizer", bpe, "--append-eod", "--unit-bytes", "64K", "--threads", "1"]
+    flags = ["--input", str(tmp_path / "s*.jsonl"), "--tokenizer", bpe, "--append-eod", "--unit-bytes", "64K",
+             "--threads", "1", "--output-format", output_format]
+    args = ["tokenize", "--output-prefix", str(tmp_path / "o"), *flags]
     work = str(tmp_path / ".o.megacache-work")
     proc = subprocess.Popen(megacache_cmd(2, *args), start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -128,17 +130,22 @@ def test_resume_after_sigkill_redoes_only_unfinished_units(tmp_path, bpe, megatr
     proc.wait()
     killed_done = len([n for n in os.listdir(work) if n.endswith(".done")])
     assert not os.path.exists(tmp_path / "o_text_document.idx"), "a killed run published output"
+    assert not os.path.exists(tmp_path / "o_text_document.pbin"), "a killed run published output"
 
     result = run_megacache(2, *args)
     total_units, reused = map(int, re.search(r"units: (\d+) \((\d+) reused", result.stdout).groups())
     print(f"resume: {total_units} units, {killed_done} finished before SIGKILL, {reused} reused, "
           f"{total_units - reused} redone")
     assert reused == killed_done and 3 <= reused < total_units
+    assert not os.path.exists(work)
 
+    if output_format == "pbin":  # its bytes against Modalities' packer: tests/conformance/test_pbin.py
+        run_megacache(1, "tokenize", "--output-prefix", str(tmp_path / "ref"), *flags)
+        assert (tmp_path / "o_text_document.pbin").read_bytes() == (tmp_path / "ref_text_document.pbin").read_bytes()
+        return
     megatron_reference(megatron, str(tmp_path / "ref"), [d for f in range(4) for d in docs[f::4]], encode, eod,
                        np.uint16)
     assert file_bytes(str(tmp_path / "o_text_document")) == file_bytes(str(tmp_path / "ref"))
-    assert not os.path.exists(work)
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
