@@ -319,17 +319,20 @@ class Report:
 
 def format_pbin(path: str) -> str:
     f = PackedFile(path)
-    _, lengths = f.document_window()
-    docs = len(lengths)
-    tokens = len(f.tokens)
-    lines = [f"packed file {path} (Modalities .pbin)",
-             f"  {f.token_size}-byte tokens, {docs:,} documents, {tokens:,} tokens",
-             (f"  document length min {int(lengths.min()) if docs else 0:,} / mean "
-              f"{tokens / docs if docs else 0:,.2f} / max {int(lengths.max()) if docs else 0:,}; "
-              f"{docs - int(np.count_nonzero(lengths)):,} empty"),
-             f"  data {f.layout.data_bytes:,} bytes, index {len(f.index_bytes):,} bytes "
-             f"(pickle protocol {int(f.index_bytes[1])}, read without unpickling)"]
-    return "\n".join(lines)
+    docs, tokens = f.document_count, len(f.tokens)
+    shortest, longest, empty = None, 0, 0
+    for _, _, lengths in f.windows(BLOCK):
+        shortest = int(lengths.min()) if shortest is None else min(shortest, int(lengths.min()))
+        longest = max(longest, int(lengths.max()))
+        empty += len(lengths) - int(np.count_nonzero(lengths))
+    return "\n".join([
+        f"packed file {path} (Modalities .pbin)",
+        f"  {f.token_size}-byte tokens, {docs:,} documents, {tokens:,} tokens",
+        (f"  document length min {shortest or 0:,} / mean {tokens / docs if docs else 0:,.2f} / max {longest:,}; "
+         f"{empty:,} empty"),
+        f"  data {f.layout.data_bytes:,} bytes, index {len(f.index_bytes):,} bytes (pickle protocol "
+        f"{int(f.index_bytes[1])}, read without unpickling)",
+    ])
 
 
 def inspect_path(path: str, megatron_version: str | None = None) -> Report:

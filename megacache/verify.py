@@ -89,34 +89,33 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
 def verify_pbin(path: str, vocab_size: int | None = None) -> list[str]:
     """Every problem of a ``.pbin`` (empty when sound): its header, every byte of its index (never
     unpickled), documents aligned, in order, contiguous and covering the data, tokens in the
-    vocabulary. Each names the file and the byte or document."""
+    vocabulary. Each names the file and the byte or document. Read a block at a time."""
     try:
         f = PackedFile(path)
-        offsets, lengths = f.document_window()
+        expected = 0
+        for first, offsets, lengths in f.windows(BLOCK):
+            wanted = expected + np.concatenate(([0], np.cumsum(lengths[:-1])))
+            bad = first_bad(offsets != wanted)
+            if bad is not None:
+                d = first + bad
+                if d == 0:
+                    return [f"{path}: document 0 starts at token {int(offsets[0])}, not 0"]
+                return [f"{path}: {int(offsets[bad] - wanted[bad])} token(s) between documents {d - 1} and {d}: the "
+                        "documents do not follow each other"]
+            expected = int(offsets[-1] + lengths[-1])
     except FormatError as exc:
         return [str(exc)]
-    problems = []
-    ends = offsets + lengths
-    bad = first_bad(offsets[1:] != ends[:-1])
-    if len(offsets) and offsets[0] != 0:
-        problems.append(f"{path}: document 0 starts at token {int(offsets[0])}, not 0")
-    elif bad is not None:
-        gap = int(offsets[bad + 1] - ends[bad])
-        problems.append(f"{path}: {gap} token(s) between documents {bad} and {bad + 1}: the documents do not "
-                        "follow each other")
     total = len(f.tokens)
-    if not problems and (int(ends[-1]) if len(ends) else 0) != total:
-        problems.append(f"{path}: the documents cover {int(ends[-1]) if len(ends) else 0:,} of the data's "
-                        f"{total:,} tokens")
-    if vocab_size is not None and not problems:
+    if expected != total:
+        return [f"{path}: the documents cover {expected:,} of the data's {total:,} tokens"]
+    if vocab_size is not None:
         for a in range(0, total, BLOCK):
             block = np.asarray(f.tokens[a : a + BLOCK])
             bad = first_bad(block >= vocab_size)
             if bad is not None:
-                problems.append(f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary "
-                                f"of size {vocab_size}")
-                break
-    return problems
+                return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size "
+                        f"{vocab_size}"]
+    return []
 
 
 def summarize_pbin(path: str) -> str:

@@ -9,7 +9,8 @@ by the data before it (docs/modalities.md §4). Convert writes one dataset in th
 Both run in parallel the same way: each input is cut into chunks of whole documents, chunks are
 parts for ``assemble``, and each rank copies its chunks' tokens from the input into place (inside
 the kernel when the token size stays, a block at a time when it changes). A ``.pbin`` input's index
-is decoded by one rank per file to plan its chunks, then by each chunk's owner for its window.
+is read by one rank per file, a window at a time, to plan its chunks; each chunk's owner then decodes
+its window from the nearest decoder checkpoint. Memory per rank follows its chunks and windows.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ..blocks import first_bad
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, optimal_dtype
-from ..formats.pbin import HEADER_SIZE, TOKEN_DTYPES, PackedFile, is_pbin, token_size
+from ..formats.pbin import CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, is_pbin, token_size
 from .assemble import Part, PartCounts, assemble, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
 
@@ -131,25 +132,38 @@ def _contiguous(path: str, offsets: np.ndarray, lengths: np.ndarray, first: int,
                              f"one before it ends ({int(expected[bad])}){hint}")
 
 
-def _plan_pbin(comm: Comm, paths: list[str], chunk_bytes: int) -> tuple[int, list[Chunk], list[PartCounts]]:
-    """Every file's index decoded by one rank, cut into chunks of about ``chunk_bytes`` of data."""
-    def plan_file(j: int) -> tuple[int, list[Chunk], list[PartCounts]]:
-        f = PackedFile(paths[j])
-        offsets, lengths = f.document_window()
-        _contiguous(paths[j], offsets, lengths, 0, 0)
-        per_chunk = max(1, chunk_bytes // f.token_size)
-        ends = offsets + lengths
-        targets = np.arange(per_chunk, int(ends[-1]) if len(ends) else 0, per_chunk)
-        cuts = np.unique(np.minimum(np.concatenate([[0], np.searchsorted(ends, targets) + 1, [len(ends)]]), len(ends)))
-        if len(cuts) == 1:
-            cuts = np.array([0, 0])
-        csum = np.concatenate([[0], np.cumsum(lengths > 0)])
-        chunks = [Chunk(j, int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:])]
-        counts = [PartCounts(int(b - a), int(csum[b] - csum[a]), int(lengths[a:b].sum())) for a, b in zip(cuts[:-1], cuts[1:])]
-        return f.token_size, chunks, counts
+def _plan_pbin_file(path: str, source: int, chunk_bytes: int) -> tuple[int, list[Chunk], list[PartCounts]]:
+    """One file's chunks of about ``chunk_bytes`` of data, its index read a window at a time."""
+    f = PackedFile(path)
+    per_chunk = max(1, chunk_bytes // f.token_size)
+    chunks, counts = [], []
+    start = docs = sequences = tokens = expected = 0
+    for first, offsets, lengths in f.windows(CHECKPOINT_ITEMS):
+        _contiguous(path, offsets, lengths, first, expected)
+        expected = int(offsets[-1] + lengths[-1])
+        at = 0
+        while at < len(lengths):  # one pass per chunk closed in this window
+            filled = tokens + np.cumsum(lengths[at:])
+            close = int(np.searchsorted(filled, per_chunk))  # the document that fills the chunk
+            take = min(close + 1, len(lengths) - at)
+            docs += take
+            sequences += int(np.count_nonzero(lengths[at : at + take]))
+            tokens = int(filled[take - 1])
+            at += take
+            if tokens >= per_chunk:
+                chunks.append(Chunk(source, start, start + docs))
+                counts.append(PartCounts(docs, sequences, tokens))
+                start, docs, sequences, tokens = start + docs, 0, 0, 0
+    if docs or not chunks:  # the rest; a file of no documents is one empty part
+        chunks.append(Chunk(source, start, start + docs))
+        counts.append(PartCounts(docs, sequences, tokens))
+    return f.token_size, chunks, counts
 
+
+def _plan_pbin(comm: Comm, paths: list[str], chunk_bytes: int) -> tuple[int, list[Chunk], list[PartCounts]]:
+    """Every file's chunks, planned by one rank per file."""
     with comm.agreed("reading the .pbin indices"):
-        mine = {j: plan_file(j) for j in range(comm.rank, len(paths), comm.size)}
+        mine = {j: _plan_pbin_file(paths[j], j, chunk_bytes) for j in range(comm.rank, len(paths), comm.size)}
     planned: dict = {}
     for part in comm.allgather(mine):
         planned.update(part)
@@ -161,11 +175,14 @@ def _plan_pbin(comm: Comm, paths: list[str], chunk_bytes: int) -> tuple[int, lis
             [c for j in range(len(paths)) for c in planned[j][2]])
 
 
-def _load_pbin(paths: list[str], opened: dict, chunk: Chunk) -> Part:
+def _load_pbin(paths: list[str], opened: dict, chunk: Chunk, count: PartCounts) -> Part:
     f = opened.setdefault(chunk.source, PackedFile(paths[chunk.source]))
     offsets, lengths = f.document_window(chunk.doc_start, chunk.doc_stop - chunk.doc_start)
     start = int(offsets[0]) if len(offsets) else 0
     _contiguous(paths[chunk.source], offsets, lengths, chunk.doc_start, start)
+    if int(lengths.sum()) != count.tokens:
+        raise MegacacheError(f"{paths[chunk.source]}: documents {chunk.doc_start}..{chunk.doc_stop} changed since "
+                             "the merge was planned")
     nonempty = lengths > 0
     return Part(sequence_lengths=lengths[nonempty].astype(np.int32), document_ends=np.cumsum(nonempty, dtype=np.int64),
                 token_file=paths[chunk.source], token_offset=HEADER_SIZE + start * f.token_size, token_dtype=f.dtype)
@@ -203,7 +220,7 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, vocab_si
 
     def load(i: int) -> Part:
         if pbin_in:
-            return _load_pbin(inputs, opened, chunks[i])
+            return _load_pbin(inputs, opened, chunks[i], counts[i])
         part = _load_megatron(inputs, opened, chunks[i], counts[i])
         joined[0] += int(np.count_nonzero(np.diff(part.document_ends, prepend=0) > 1))
         return part

@@ -90,9 +90,14 @@ def read_layout(path: str) -> PbinLayout:
         raise FormatError(f"{path}: no such .pbin file") from None
 
 
+#: items between two decoder checkpoints: a window's decoding starts at most this many items early
+CHECKPOINT_ITEMS = 1 << 16
+
+
 class PackedFile:
-    """Read-only view of a ``.pbin`` through one memory map. ``documents()`` decodes the index
-    (every byte checked), ``document_window()`` keeps only some documents' entries."""
+    """Read-only view of a ``.pbin`` through one memory map. The first use of the index checks all
+    of it once, keeping a decoder checkpoint every ``CHECKPOINT_ITEMS`` documents; windows of
+    documents are then decoded from the nearest checkpoint, so memory follows the window."""
 
     def __init__(self, path: str):
         self.path = path
@@ -102,6 +107,7 @@ class PackedFile:
                 self._map = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
         except FileNotFoundError:
             raise FormatError(f"{path}: no such .pbin file") from None
+        self._name = f"{path} (index at byte {self.layout.index_offset})"
 
     @property
     def token_size(self) -> int:
@@ -120,20 +126,34 @@ class PackedFile:
     def index_bytes(self) -> np.ndarray:
         return self._map[self.layout.index_offset :]
 
-    def document_window(self, first: int = 0, count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Documents [first, first+count) as token offsets and token lengths, checked: aligned to
-        the token size, in order without overlap, inside the data."""
-        from .pickled_pairs import decode
+    @cached_property
+    def _checkpoints(self) -> tuple[int, np.ndarray]:
+        from .pickled_pairs import checkpoints
 
-        offsets, lengths = decode(self.index_bytes, f"{self.path} (index at byte {self.layout.index_offset})",
-                                  first, count)
+        return checkpoints(self.index_bytes, self._name, CHECKPOINT_ITEMS)
+
+    @property
+    def document_count(self) -> int:
+        return self._checkpoints[0]
+
+    def document_window(self, first: int = 0, count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Documents [first, first+count) (to the end if None) as token offsets and token lengths,
+        checked: aligned to the token size, in order without overlap, inside the data."""
+        from .pickled_pairs import window
+
+        total, rows = self._checkpoints
+        count = total - first if count is None else count
+        if first < 0 or count < 0 or first + count > total:
+            raise FormatError(f"{self.path}: documents {first}..{first + count} asked for, the file holds {total}")
+        if count == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        offsets, lengths = window(self.index_bytes, self._name, rows[first // CHECKPOINT_ITEMS], first, count)
         return self._checked(offsets, lengths, first)
 
-    @cached_property
-    def document_count(self) -> int:
-        from .pickled_pairs import decode
-
-        return len(decode(self.index_bytes, f"{self.path} (index at byte {self.layout.index_offset})")[0])
+    def windows(self, size: int):
+        """``(first, token offsets, token lengths)`` of every document, ``size`` documents at a time."""
+        for first in range(0, self.document_count, size):
+            yield (first, *self.document_window(first, min(size, self.document_count - first)))
 
     def _checked(self, offsets: np.ndarray, lengths: np.ndarray, first: int) -> tuple[np.ndarray, np.ndarray]:
         size, data = self.token_size, self.layout.data_bytes

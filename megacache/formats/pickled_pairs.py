@@ -210,32 +210,47 @@ _STATUS_TEXT = {
 }
 
 
+#: a checkpoint: the decoder's state where an item's first integer starts (its byte position, the
+#: item's number, whether a MARK is open, items since it, memo entries so far, the open frame's
+#: end or -1) and that integer (the item's offset)
+CHECKPOINT = ("position", "item", "marked", "pending", "memos", "frame_end", "offset")
+
+
 @numba.njit(cache=True, nogil=True)
-def _decode_kernel(buf, first, count, offsets, lengths):  # pragma: no cover - compiled
-    """Parse ``buf``; keep items [first, first+count) into ``offsets``/``lengths``.
-    Returns (status, byte offset of the problem, opcode there, items seen)."""
+def _decode_kernel(buf, resume, first, count, offsets, lengths, every, checkpoints):  # pragma: no cover - compiled
+    """Parse ``buf`` from its start (``resume[0] == 0``) or from a checkpoint row ``resume``; keep
+    items [first, first+count) into ``offsets``/``lengths``; from a checkpoint, stop once they are
+    read. With ``every`` > 0, record a checkpoint row at every ``every``-th item.
+    Returns (status, byte offset of the problem, opcode there, items seen, checkpoints recorded)."""
     n = len(buf)
-    if n < 2:
-        return TRUNCATED, 0, np.int64(-1), 0
-    if buf[0] != _PROTO or buf[1] < 2 or buf[1] > 5:
-        return STRUCTURE, 0, np.int64(buf[0]), 0
-    pos = 2
-    items = 0
-    started = False
+    kept = 0
+    if resume[0] == 0:
+        if n < 2:
+            return TRUNCATED, 0, np.int64(-1), 0, kept
+        if buf[0] != _PROTO or buf[1] < 2 or buf[1] > 5:
+            return STRUCTURE, 0, np.int64(buf[0]), 0, kept
+        pos = 2
+        items = 0
+        started = False
+        marked = False     # a MARK is open
+        pending = 0        # items parsed but not yet appended
+        memos = 0          # memo entries so far: a BINPUT must name the next one
+        frame_end = -1
+        stop_at = -1
+    else:
+        pos, items, started = resume[0], resume[1], True
+        marked, pending, memos, frame_end = resume[2] != 0, resume[3], resume[4], resume[5]
+        stop_at = first + count
     stopped = False
-    marked = False     # a MARK is open
-    pending = 0        # items parsed but not yet appended
     ints = 0           # integers on the stack since the last tuple
     a = np.int64(0)
     b = np.int64(0)
     memo_ok = False    # a memo opcode may follow (after the list or a tuple)
-    memos = 0          # memo entries so far: a BINPUT must name the next one
-    frame_end = -1
     while pos < n:
         start = pos
         op = np.int64(buf[pos])
         if stopped:
-            return TRAILING, start, op, items
+            return TRAILING, start, op, items, kept
         if frame_end >= 0 and start >= frame_end:
             frame_end = -1
         if op == _FRAME:
@@ -248,66 +263,75 @@ def _decode_kernel(buf, first, count, offsets, lengths):  # pragma: no cover - c
             size = 5
         elif op == _LONG1:
             if start + 2 > n:
-                return TRUNCATED, start, op, items
+                return TRUNCATED, start, op, items, kept
             if buf[start + 1] > 8:
-                return TOO_BIG, start, op, items
+                return TOO_BIG, start, op, items, kept
             size = 2 + np.int64(buf[start + 1])
         elif (op == _MEMOIZE or op == _EMPTY_LIST or op == _MARK or op == _APPENDS or op == _APPEND
               or op == _STOP or op == _TUPLE2):
             size = 1
         else:
-            return BAD_OPCODE, start, op, items
+            return BAD_OPCODE, start, op, items, kept
         if start + size > n:
-            return TRUNCATED, start, op, items
+            return TRUNCATED, start, op, items, kept
         if frame_end >= 0 and start + size > frame_end:
-            return STRUCTURE, start, op, items  # an opcode across a frame's end, or a frame in a frame
+            return STRUCTURE, start, op, items, kept  # an opcode across a frame's end, or a frame in a frame
         pos = start + size
         if op == _FRAME:
             flen = np.int64(0)
             for k in range(8):
                 flen |= np.int64(buf[start + 1 + k]) << (8 * k)
             if flen < 0 or pos + flen > n:
-                return FRAME_PAST_END, start, op, items
+                return FRAME_PAST_END, start, op, items, kept
             frame_end = pos + flen
             continue
         if op == _MEMOIZE or op == _BINPUT or op == _LONG_BINPUT:
             if not memo_ok:
-                return STRUCTURE, start, op, items
+                return STRUCTURE, start, op, items, kept
             if op != _MEMOIZE:
                 key = np.int64(buf[start + 1])
                 if op == _LONG_BINPUT:
                     for k in range(1, 4):
                         key |= np.int64(buf[start + 1 + k]) << (8 * k)
                 if key != memos:
-                    return STRUCTURE, start, op, items
+                    return STRUCTURE, start, op, items, kept
             memos += 1
             memo_ok = False
             continue
         memo_ok = False
         if not started:
             if op != _EMPTY_LIST:
-                return STRUCTURE, start, op, items
+                return STRUCTURE, start, op, items, kept
             started = True
             memo_ok = True
             continue
         if op == _BININT1 or op == _BININT2 or op == _BININT or op == _LONG1:
             if ints == 2:
-                return STRUCTURE, start, op, items
+                return STRUCTURE, start, op, items, kept
+            if ints == 0 and items == stop_at:
+                return OK, start, np.int64(-1), items, kept
             width = size - 1 if op != _LONG1 else size - 2
             at = start + 1 if op != _LONG1 else start + 2
             v = np.int64(0)
             for k in range(width):
                 v |= np.int64(buf[at + k]) << (8 * k)
             if (op == _BININT and v >= np.int64(1) << 31) or (op == _LONG1 and width > 0 and buf[at + width - 1] >= 0x80):
-                return NEGATIVE, start, op, items
+                return NEGATIVE, start, op, items, kept
             if ints == 0:
                 a = v
+                if every > 0 and items % every == 0:
+                    if kept == len(checkpoints):
+                        return STRUCTURE, start, op, items, kept  # more items than the bytes allow
+                    row = checkpoints[kept]
+                    row[0], row[1], row[2], row[3], row[4], row[5], row[6] = (
+                        start, items, np.int64(marked), pending, memos, frame_end, v)
+                    kept += 1
             else:
                 b = v
             ints += 1
         elif op == _TUPLE2:
             if ints != 2:
-                return STRUCTURE, start, op, items
+                return STRUCTURE, start, op, items, kept
             if items >= first and items - first < count:
                 offsets[items - first] = a
                 lengths[items - first] = b
@@ -317,26 +341,26 @@ def _decode_kernel(buf, first, count, offsets, lengths):  # pragma: no cover - c
             memo_ok = True
         elif op == _MARK:
             if ints != 0 or marked or pending != 0:
-                return STRUCTURE, start, op, items
+                return STRUCTURE, start, op, items, kept
             marked = True
         elif op == _APPENDS:
             if not marked or ints != 0:
-                return STRUCTURE, start, op, items
+                return STRUCTURE, start, op, items, kept
             marked = False
             pending = 0
         elif op == _APPEND:
             if marked or ints != 0 or pending != 1:
-                return STRUCTURE, start, op, items
+                return STRUCTURE, start, op, items, kept
             pending = 0
         elif op == _STOP:
             if marked or ints != 0 or pending != 0:
-                return STRUCTURE, start, op, items
+                return STRUCTURE, start, op, items, kept
             stopped = True
         else:
-            return STRUCTURE, start, op, items  # a second EMPTY_LIST
+            return STRUCTURE, start, op, items, kept  # a second EMPTY_LIST
     if not stopped:
-        return TRUNCATED, n, np.int64(-1), items
-    return OK, n, np.int64(-1), items
+        return TRUNCATED, n, np.int64(-1), items, kept
+    return OK, n, np.int64(-1), items, kept
 
 
 def _raise(status: int, where: int, op: int, name: str) -> None:
@@ -345,20 +369,44 @@ def _raise(status: int, where: int, op: int, name: str) -> None:
     raise FormatError(f"{name}: index byte {where}: {text}")
 
 
-def decode(buf, name: str, first: int = 0, count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Items [first, first+count) (all from ``first`` if None) of a pickled list of pairs in ``buf``
-    (uint8, the whole index), as int64 offsets and lengths; a FormatError naming ``name`` and the
-    byte offset for anything but such a list. Every byte is checked, whatever the window."""
-    buf = np.frombuffer(buf, dtype=np.uint8) if not isinstance(buf, np.ndarray) else buf
-    if count is None:
-        empty = np.zeros(0, dtype=np.int64)
-        status, where, op, total = _decode_kernel(buf, 0, 0, empty, empty)
-        if status != OK:
-            _raise(status, where, op, name)
-        count = max(0, total - first)
+#: the fewest bytes an item takes (two BININT1, TUPLE2), bounding the items a buffer can hold
+_MIN_ITEM = 5
+_NO_RESUME = np.zeros(len(CHECKPOINT), dtype=np.int64)
+_NO_ROWS = np.zeros((0, len(CHECKPOINT)), dtype=np.int64)
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+def _as_bytes(buf) -> np.ndarray:
+    return buf if isinstance(buf, np.ndarray) else np.frombuffer(buf, dtype=np.uint8)
+
+
+def decode(buf, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Every item of a pickled list of pairs in ``buf`` (the whole index) as int64 offsets and
+    lengths; a FormatError naming ``name`` and the byte offset for anything but such a list."""
+    buf = _as_bytes(buf)
+    total, _ = checkpoints(buf, name, 0)
+    return window(buf, name, None, 0, total)
+
+
+def checkpoints(buf, name: str, every: int) -> tuple[int, np.ndarray]:
+    """Check every byte of the index; its item count and a checkpoint row (``CHECKPOINT``) at every
+    ``every``-th item (none if 0): memory in items / ``every``."""
+    buf = _as_bytes(buf)
+    rows = np.zeros((len(buf) // (_MIN_ITEM * every) + 1 if every else 0, len(CHECKPOINT)), dtype=np.int64)
+    status, where, op, total, kept = _decode_kernel(buf, _NO_RESUME, 0, 0, _NONE, _NONE, every, rows)
+    if status != OK:
+        _raise(status, where, op, name)
+    return total, rows[:kept]
+
+
+def window(buf, name: str, resume: np.ndarray | None, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """Items [first, first+count), parsed from the checkpoint row ``resume`` (at or before ``first``;
+    None: from the start, every byte checked) up to the last of them."""
+    buf = _as_bytes(buf)
     offsets = np.zeros(count, dtype=np.int64)
     lengths = np.zeros(count, dtype=np.int64)
-    status, where, op, total = _decode_kernel(buf, first, count, offsets, lengths)
+    status, where, op, total, _ = _decode_kernel(buf, _NO_RESUME if resume is None else resume, first, count,
+                                                 offsets, lengths, 0, _NO_ROWS)
     if status != OK:
         _raise(status, where, op, name)
     if first + count > total:

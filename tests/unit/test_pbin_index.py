@@ -75,9 +75,25 @@ def test_decode_reads_what_pickle_writes(protocol):
         for decode in (pp.decode, pp.decode_reference):
             offsets, lengths = decode(data, "x.pbin")
             assert np.array_equal(offsets, pairs[:, 0]) and np.array_equal(lengths, pairs[:, 1])
-        first = n // 3
-        offsets, lengths = pp.decode(data, "x.pbin", first, n // 2 - first if n > 1 else 0)
-        assert np.array_equal(offsets, pairs[first : max(first, n // 2), 0])
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_windows_from_checkpoints_equal_the_whole(protocol):
+    """A window decoded from the nearest checkpoint (the state of the parse where an item starts:
+    inside a batch, inside a frame) equals that slice of the whole."""
+    rng = np.random.default_rng(protocol + 10)
+    for n, every in ((1, 1), (2, 1), (1000, 7), (1001, 1000), (25_000, 333), (25_000, 4096)):
+        pairs = random_pairs(rng, n)
+        data = pickle.dumps(as_list(pairs), protocol=protocol)
+        total, rows = pp.checkpoints(data, "x.pbin", every)
+        assert total == n and np.array_equal(rows[:, 1], np.arange(0, n, every))
+        assert np.array_equal(rows[:, 6], pairs[::every, 0])
+        for _ in range(20):
+            first = int(rng.integers(0, n))
+            count = int(rng.integers(0, n - first + 1))
+            offsets, lengths = pp.window(data, "x.pbin", rows[first // every], first, count)
+            assert np.array_equal(offsets, pairs[first : first + count, 0])
+            assert np.array_equal(lengths, pairs[first : first + count, 1])
 
 
 def _outcome(decode, data):
