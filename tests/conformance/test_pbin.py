@@ -67,34 +67,31 @@ def packed(tmp_path_factory, tokenizers, modalities):
     return out
 
 
-@pytest.mark.parametrize("ranks", [1, 2, 3])
-@pytest.mark.parametrize("kind", list(PBIN_TOKENIZERS))
-def test_tokenize_writes_the_packers_bytes(tmp_path, tokenizers, packed, kind, ranks):
+CASES = [("bytes2", 1), ("bytes2", 2), ("bytes2", 3), ("chars1", 2), ("words4", 3)]
+
+
+@pytest.mark.parametrize("kind,ranks", CASES, ids=[f"{k}-P{r}" for k, r in CASES])
+def test_tokenize_writes_the_packers_bytes_and_modalities_reads_them(tmp_path, tokenizers, packed, modalities,
+                                                                      kind, ranks):
     src, docs, theirs = packed[kind]
     run = run_megacache(ranks, "tokenize", "--input", src, "--output-prefix", str(tmp_path / "out"),
                         "--output-format", "pbin", "--tokenizer", str(tokenizers[kind]), "--unit-bytes", "16K")
+    path = str(tmp_path / "out_text_document.pbin")
     ours = (tmp_path / "out_text_document.pbin").read_bytes()
     assert struct.unpack("<QI", ours[:12])[1] == PBIN_TOKENIZERS[kind]
     assert ours == theirs
     assert f"{len(docs):,} documents" in run.stdout and "every document ending with EOD" in run.stdout
-    if kind == "bytes2":
-        assert len(ours) - struct.unpack("<Q", ours[:8])[0] > 65536  # an index of several pickle frames
-
-
-@pytest.mark.parametrize("ranks", [1, 2, 3])
-def test_modalities_readers_read_megacache_files(tmp_path, tokenizers, packed, modalities, ranks):
-    src, docs, _ = packed["bytes2"]
-    run_megacache(ranks, "tokenize", "--input", src, "--output-prefix", str(tmp_path / "out"), "--output-format",
-                  "pbin", "--tokenizer", str(tokenizers["bytes2"]), "--unit-bytes", "64K")
-    path = str(tmp_path / "out_text_document.pbin")
-    want = expected_documents(tokenizers["bytes2"], docs)
+    if kind != "bytes2":
+        return
+    assert len(ours) - struct.unpack("<Q", ours[:8])[0] > 65536  # an index of several pickle frames
+    want = expected_documents(tokenizers[kind], docs)
     got = modalities.documents(path)
     assert len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))
     stream = np.concatenate(want)
     for block, reuse in ((65, True), (64, False)):
         step = block - 1 if reuse else block
         samples = modalities.samples(path, block, reuse)
-        assert len(samples) == (len(stream) - block) // step + 1 if reuse else len(stream) // block
+        assert len(samples) == ((len(stream) - block) // step + 1 if reuse else len(stream) // block)
         assert all(np.array_equal(s, stream[i * step : i * step + block]) for i, s in enumerate(samples))
 
 
@@ -167,36 +164,35 @@ def test_convert_token_sizes_follow_vocab_size(tmp_path, megatron):
     assert not os.path.exists(tmp_path / "tiny.pbin")
 
 
-@pytest.mark.parametrize("ranks", [1, 3])
-def test_merge_equals_packing_the_concatenation(tmp_path, tokenizers, packed, modalities, ranks):
+@pytest.fixture(scope="module")
+def packed_parts(tmp_path_factory, tokenizers, packed, modalities):
+    """The chars1 corpus cut in three files (one of a single document), each packed by Modalities."""
+    d = tmp_path_factory.mktemp("parts")
     _, docs, _ = packed["chars1"]
     cuts = [0, 400, 401, len(docs)]
     parts = []
     for i in range(3):
-        src = str(tmp_path / f"part{i}.jsonl")
-        write_jsonl(src, docs[cuts[i] : cuts[i + 1]])
-        parts.append(str(tmp_path / f"part{i}.pbin"))
-        modalities.pack(src, str(tokenizers["chars1"]), parts[-1])
-    run_megacache(ranks, "merge", *parts, "--output-prefix", str(tmp_path / "merged.pbin"), "--chunk-bytes", "4K")
+        write_jsonl(str(d / f"part{i}.jsonl"), docs[cuts[i] : cuts[i + 1]])
+        parts.append(str(d / f"part{i}.pbin"))
+        modalities.pack(str(d / f"part{i}.jsonl"), str(tokenizers["chars1"]), parts[-1])
+    return parts
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_merge_equals_packing_the_concatenation(tmp_path, packed, packed_parts, ranks):
+    run_megacache(ranks, "merge", *packed_parts, "--output-prefix", str(tmp_path / "merged.pbin"),
+                  "--chunk-bytes", "4K")
     assert (tmp_path / "merged.pbin").read_bytes() == packed["chars1"][2]
 
 
-def test_modalities_merge_output_is_refused_with_the_reason(tmp_path, tokenizers, packed, modalities):
+def test_modalities_merge_output_is_refused_with_the_reason(tmp_path, packed_parts):
     from pathlib import Path
 
     from modalities.dataloader.create_packed_data import EmbeddedStreamData, join_embedded_stream_data
 
-    _, docs, _ = packed["chars1"]
-    pbins = []
-    for i, chunk in enumerate((docs[:50], docs[50:100])):
-        write_jsonl(str(tmp_path / f"p{i}.jsonl"), chunk)
-        pbins.append(tmp_path / f"p{i}.pbin")
-        modalities.pack(str(tmp_path / f"p{i}.jsonl"), str(tokenizers["chars1"]), str(pbins[-1]))
-    join_embedded_stream_data([EmbeddedStreamData(p) for p in pbins], Path(tmp_path / "theirs.pbin"))
+    join_embedded_stream_data([EmbeddedStreamData(Path(p)) for p in packed_parts], Path(tmp_path / "theirs.pbin"))
     run = run_megacache(1, "verify", str(tmp_path / "theirs.pbin"), check=False)
-    assert run.returncode == 2 and "merge_packed_data" in run.stdout
-    run = run_megacache(1, "merge", *map(str, pbins), "--output-prefix", str(tmp_path / "ours.pbin"))
-    run = run_megacache(1, "verify", str(tmp_path / "ours.pbin"))
+    assert run.returncode == 2 and "merge_packed_data" in run.stdout, run.stdout
 
 
 def index(*pairs) -> bytes:
