@@ -159,16 +159,17 @@ def test_state_round_trips_through_numpy_and_pickle():
         MT19937.from_numpy(("PCG64", key, pos, 0, 0.0))
 
 
+@pytest.mark.parametrize("block", [None, 1000, 4097])  # None: one thread below 2^20 elements; else drawn ahead
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32])
-def test_shuffle_matches_randomstate(dtype):
-    lengths = [0, 1, 2, 3, 5, 64, 1000, 4097, 65537, 10**6]
+def test_shuffle_matches_randomstate(dtype, block):
+    lengths = [0, 1, 2, 3, 5, 64, 1000, 1001, 4097, 8195, 65537, 10**6]
     for seed in [0, 1234, 2**32 - 1]:
         ours, theirs = MT19937.from_seed(seed), np.random.RandomState(seed)
         # One state through every length: each shuffle continues where the previous one stopped.
         for n in lengths:
             a = np.arange(n, dtype=dtype)
             b = a.copy()
-            shuffle(a, ours)
+            shuffle(a, ours) if block is None else shuffle(a, ours, block)
             theirs.shuffle(b)
             assert np.array_equal(a, b), (seed, n)
             assert ours == MT19937.from_numpy(theirs.get_state()), (seed, n)
