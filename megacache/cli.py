@@ -136,6 +136,17 @@ def import_numba_without_scipy() -> None:
         del sys.modules["scipy.linalg"]
 
 
+def hide_torch_from_transformers() -> None:
+    """transformers imports torch whenever it is installed (1-1.5 s per process here, far more from a
+    shared filesystem, on every rank), though a tokenizer never uses it. For a tokenize process of
+    megacache's own (the command line, never the library in someone else's process) torch is
+    hidden before transformers loads, and transformers' notice that it found none is silenced."""
+    if "torch" in sys.modules or "transformers" in sys.modules:
+        return
+    sys.modules["torch"] = None  # `import torch` fails at once; find_spec("torch") finds nothing
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
 def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
     import_numba_without_scipy()  # first: every rank of a build loads numba kernels
     from .megatron.blends import blend_from_flags
@@ -408,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
     # runs, before it imports numpy; importing this module changes nothing.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
+    if argv is None and args.command == "tokenize":
+        hide_torch_from_transformers()
     comm = get_comm()
     try:
         status = args.func(args, comm) or 0
