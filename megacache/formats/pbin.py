@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..fsio import pwrite_all, writing
+from .pickled_pairs import checkpoints, window
 
 SUFFIX = ".pbin"
 HEADER_SIZE = 12
@@ -128,8 +129,6 @@ class PackedFile:
 
     @cached_property
     def _checkpoints(self) -> tuple[int, np.ndarray]:
-        from .pickled_pairs import checkpoints
-
         return checkpoints(self.index_bytes, self._name, CHECKPOINT_ITEMS)
 
     @property
@@ -139,8 +138,6 @@ class PackedFile:
     def document_window(self, first: int = 0, count: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Documents [first, first+count) (to the end if None) as token offsets and token lengths,
         checked: aligned to the token size, in order without overlap, inside the data."""
-        from .pickled_pairs import window
-
         total, rows = self._checkpoints
         count = total - first if count is None else count
         if first < 0 or count < 0 or first + count > total:
