@@ -5,12 +5,16 @@ build gives chunk i to rank i, which
   1. guesses its start counts with ``guess_counts(weights, s_i)`` (exact for s_i <= warmup, so the
      first chunk is exact), and runs ``blend_chunk`` from them into its slice of the outputs;
   2. allgathers (start, end) counts of all chunks (2·P·D int64);
-  3. ``first_unconfirmed_chunk(starts, ends)`` finds the first chunk i whose guess differs from the
-     end of chunk i-1 (None: every chunk is right). Rank i runs ``repair_chunk`` from ends[i-1];
-     set starts[i] = ends[i-1] and ends[i] = the repaired end, share them, and repeat.
-A wrong guess usually merges with the true trajectory within a few thousand steps, after which the
-speculative output is already right, so a repair rarely recomputes much; and since a repair always
-starts from the true state, the result is exact whatever the guesses were.
+  3. in rounds, every chunk i whose start differs from the end of chunk i-1 as it stands
+     (``unconfirmed_chunks``) is recomputed by its rank from that end, all at once (``repair_chunk``:
+     starts[i] = the old ends[i-1], ends[i] = the repaired end); the new ends are shared, and the
+     rounds go on until no chunk is unconfirmed.
+A chunk's output is always the greedy run from its recorded start, so once every start equals its
+predecessor's end (chunk 0's is exact) the blend is exact, whatever the guesses were. A wrong guess
+usually merges with the true trajectory within a few thousand steps, after which the speculative
+output is already right: a repair rarely recomputes much, and the end of a chunk that started wrong
+is usually right already, so one round usually confirms every chunk; k chunks in a row whose
+trajectories never merge take k rounds, the serial protocol's worst case.
 """
 
 from __future__ import annotations
@@ -114,17 +118,32 @@ def repair_chunk(
     return Repair(guessed_end if not diff.any() else state, done)
 
 
-def first_unconfirmed_chunk(
-    start_counts: Sequence[np.ndarray], end_counts: Sequence[np.ndarray]
-) -> int | None:
-    """The first chunk i >= 1 whose start counts differ from the end counts of chunk i-1, or None
-    when every guess is confirmed (chunk 0 must start from exact counts)."""
+def unconfirmed_chunks(start_counts: Sequence[np.ndarray], end_counts: Sequence[np.ndarray]) -> list[int]:
+    """Every chunk i >= 1 whose start counts differ from the end counts of chunk i-1, in order
+    (empty when every guess is confirmed; chunk 0 must start from exact counts)."""
     if len(start_counts) != len(end_counts):
         raise ValueError(f"{len(start_counts)} start states for {len(end_counts)} chunks")
-    for i in range(1, len(start_counts)):
-        if not np.array_equal(end_counts[i - 1], start_counts[i]):
-            return i
-    return None
+    return [i for i in range(1, len(start_counts)) if not np.array_equal(end_counts[i - 1], start_counts[i])]
+
+
+def repair_rounds(weights: Sequence[float], bounds: Sequence[int], starts: list, ends: list,
+                  out_dataset_index: np.ndarray, out_dataset_sample_index: np.ndarray, mapper=map) -> int:
+    """Step 3 in one process: repair rounds over the chunks [b_i, b_i+1) of the arrays, each round's
+    repairs through ``mapper`` (a thread pool's map runs them at once: disjoint slices, and the
+    kernels release the GIL). Updates ``starts``/``ends``; returns the samples recomputed."""
+    recomputed = 0
+    while todo := unconfirmed_chunks(starts, ends):
+        before = list(ends)
+
+        def repair(i: int) -> Repair:
+            s0, s1 = bounds[i], bounds[i + 1]
+            return repair_chunk(weights, s0, before[i - 1], starts[i], ends[i], out_dataset_index[s0:s1],
+                                out_dataset_sample_index[s0:s1])
+
+        for i, repaired in zip(todo, list(mapper(repair, todo))):
+            starts[i], ends[i] = before[i - 1], repaired.end_counts
+            recomputed += repaired.recomputed
+    return recomputed
 
 
 def build_blending_indices_chunked(
@@ -135,8 +154,8 @@ def build_blending_indices_chunked(
     max_workers: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``build_blending_indices`` by the chunk protocol above, the chunks [b_i, b_i+1) of
-    ``boundaries`` (0 first, ``size`` last) run speculatively on ``max_workers`` threads (the
-    kernels release the GIL) and then repaired in order."""
+    ``boundaries`` (0 first, ``size`` last) run speculatively and then repaired in rounds, both on
+    ``max_workers`` threads (the kernels release the GIL)."""
     w = check_weights(weights)
     bounds = [int(b) for b in boundaries]
     if (
@@ -159,8 +178,5 @@ def build_blending_indices_chunked(
 
     with ThreadPoolExecutor(max_workers) as pool:
         starts, ends = map(list, zip(*pool.map(speculate, chunks)))
-    while (i := first_unconfirmed_chunk(starts, ends)) is not None:
-        s0, s1 = chunks[i]
-        ends[i] = repair_chunk(w, s0, ends[i - 1], starts[i], ends[i], idx[s0:s1], sidx[s0:s1]).end_counts
-        starts[i] = ends[i - 1]
+        repair_rounds(w, bounds, starts, ends, idx, sidx, pool.map)
     return idx, sidx

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..algorithms.blend_chunks import first_unconfirmed_chunk, guess_counts, repair_chunk
+from ..algorithms.blend_chunks import guess_counts, repair_chunk, unconfirmed_chunks
 from ..algorithms.blend_kernels import blend_chunk, build_exhaustive_blending_indices
 from ..algorithms.blend_sizes import find_oversampling, normalize, unweighted_blend_size
 from ..comm import Comm
@@ -97,22 +97,24 @@ def plan_blends(cfg: BuildConfig, blends: list[tuple], tasks: list[GPTTask]) -> 
 
 
 def confirm_chunks(comm: Comm, weights: np.ndarray, start: int, mine: tuple, rows, what: str) -> tuple[np.ndarray, int]:
-    """The chunk protocol's second half, collective: every rank's ``(guessed start counts, end
-    counts)`` gathered, the chunks confirmed in order; the first whose guessed start differs from
-    its predecessor's true end is recomputed by its rank from there (usually a short stretch).
-    ``rows()`` gives this rank's chunk arrays (a context manager). Returns the blend's final counts
-    and the samples recomputed."""
+    """The chunk protocol's second half (algorithms/blend_chunks), collective: every rank's
+    ``(guessed start counts, end counts)`` gathered, then repair rounds: every rank whose chunk's
+    start differs from its predecessor's end recomputes it from there at once (usually a short
+    stretch), and the new ends are shared, until all agree. ``rows()`` gives this rank's chunk
+    arrays (a context manager). Returns the blend's final counts and the samples recomputed."""
     starts, ends = map(list, zip(*comm.allgather(mine)))
     recomputed = 0
-    while (i := first_unconfirmed_chunk(starts, ends)) is not None:
-
-        def repair() -> tuple[np.ndarray, int]:
-            with rows() as (idx, sidx):
-                return repair_chunk(weights, start, ends[i - 1], starts[i], ends[i], idx, sidx)
-
-        ends[i], fixed = comm.on_root(repair, f"repairing chunk {i} of {what}", root=i)
-        starts[i] = ends[i - 1]
-        recomputed += fixed
+    while todo := unconfirmed_chunks(starts, ends):
+        i, update = comm.rank, None
+        with comm.agreed(f"repairing chunks of {what}"):
+            if i in todo:
+                with rows() as (idx, sidx):
+                    repaired = repair_chunk(weights, start, ends[i - 1], starts[i], ends[i], idx, sidx)
+                update = (ends[i - 1], repaired.end_counts, repaired.recomputed)
+        for j, changed in enumerate(comm.allgather(update)):
+            if changed is not None:
+                starts[j], ends[j], fixed = changed
+                recomputed += fixed
     return ends[-1], recomputed
 
 

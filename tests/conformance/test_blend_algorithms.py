@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from megacache.algorithms import blend_chunks, blend_kernels
-from megacache.algorithms.blend_chunks import (build_blending_indices_chunked, first_unconfirmed_chunk, guess_counts,
+from megacache.algorithms.blend_chunks import (build_blending_indices_chunked, guess_counts, repair_rounds, unconfirmed_chunks,
                                                repair_chunk)
 from megacache.algorithms.blend_kernels import blend_chunk, build_blending_indices, build_exhaustive_blending_indices
 from megacache.algorithms.blend_sizes import (MAX_DATASETS, Oversample, blend_split_sizes, find_oversampling,
@@ -87,7 +87,7 @@ def assert_same(actual, expected, what):
 
 def run_chunked(weights, size, bounds, warmups, rng):
     """The distributed protocol by hand: speculate every chunk (some from deliberately wrong
-    guesses, some from non-conforming ones), then repair in order."""
+    guesses, some from non-conforming ones), then repair in rounds."""
     D = len(weights)
     idx = np.empty(size, dtype=np.int16)
     sidx = np.empty(size, dtype=np.int64)
@@ -103,11 +103,10 @@ def run_chunked(weights, size, bounds, warmups, rng):
                 guess[b] += moved
         starts.append(guess)
         ends.append(blend_chunk(weights, s0, guess, idx[s0:s1], sidx[s0:s1]))
-    while (i := first_unconfirmed_chunk(starts, ends)) is not None:
-        s0, s1 = bounds[i], bounds[i + 1]
-        repaired = repair_chunk(weights, s0, ends[i - 1], starts[i], ends[i], idx[s0:s1], sidx[s0:s1])
-        assert 0 < repaired.recomputed <= s1 - s0
-        starts[i], ends[i] = ends[i - 1], repaired.end_counts
+    wrong = len(unconfirmed_chunks(starts, ends))
+    recomputed = repair_rounds(weights, bounds, starts, ends, idx, sidx)
+    assert (recomputed > 0) == (wrong > 0)
+    assert not unconfirmed_chunks(starts, ends)
     assert np.array_equal(ends[-1], np.bincount(idx, minlength=D))
     return idx, sidx
 
@@ -330,7 +329,7 @@ def test_confirmed_guess_is_not_recomputed():
     idx, sidx = np.empty(10_000, np.int16), np.empty(10_000, np.int64)
     true_start = np.bincount(expected[0][:10_000], minlength=300)
     end = blend_chunk(weights, 10_000, true_start, idx, sidx)
-    assert first_unconfirmed_chunk([np.zeros(300, np.int64), true_start], [true_start, end]) is None
+    assert unconfirmed_chunks([np.zeros(300, np.int64), true_start], [true_start, end]) == []
     repaired = repair_chunk(weights, 10_000, true_start, true_start, end, idx, sidx)
     assert repaired.recomputed == 0 and np.array_equal(repaired.end_counts, end)
     assert np.array_equal(idx, expected[0][10_000:]) and np.array_equal(sidx, expected[1][10_000:])
@@ -377,12 +376,7 @@ def test_chunks_write_into_memory_maps(tmp_path):
         blend_chunk(weights, a, g, idx[a:b], sidx[a:b])
         for (a, b), g in zip(itertools.pairwise(bounds), starts)
     ]
-    while (i := first_unconfirmed_chunk(starts, ends)) is not None:
-        a, b = bounds[i], bounds[i + 1]
-        starts[i], ends[i] = (
-            ends[i - 1],
-            repair_chunk(weights, a, ends[i - 1], starts[i], ends[i], idx[a:b], sidx[a:b]).end_counts,
-        )
+    repair_rounds(weights, bounds, starts, ends, idx, sidx)
     idx.flush()
     sidx.flush()
     del idx, sidx
