@@ -83,7 +83,8 @@ def constants(gpt: dict, blend: dict, kernel: dict) -> dict[str, dict[str, float
     k1 = _base(kernel, "megacache")["phases"]
     ours["blend_sample"] = (k1["guess"] + k1["blend"]) / kernel["params"]["samples"]
     p_max = max(int(p) for p in ks)
-    # Chunks are confirmed in order: a wrong guess costs one repair, one after another.
+    # A chunk's repair: the measured repair phase over the chunks after the first (every guess
+    # assumed wrong). Repairs run in rounds, all chunks at once; one round usually confirms them all.
     ours["repair_chunk_max"] = (ks[str(p_max)]["median"]["phases"]["repair"] / (p_max - 1)) if p_max > 1 else 0.0
     ours["startup_here"] = _base(gpt, "megacache")["phases"]["other"]
 
@@ -129,7 +130,7 @@ def predict_megacache(c: dict, t: dict, p: int, total_bytes: float) -> dict[str,
               m["doc_entry"] * t["doc_entries"] * t["largest_share"])  # a job is one rank's
     sample = m["sample_dataset"] * t["datasets"] + m["sample_row"] * t["sample_rows"] / p
     shuffle = max(0.0, m["shuffle_entry_max"] * max(t["shuffle"] / p, t["shuffle"] * t["largest_share"]) - sample)
-    blend = m["blend_sample"] * t["blend"] / p + m["repair_chunk_max"] * (p - 1)
+    blend = m["blend_sample"] * t["blend"] / p + m["repair_chunk_max"]  # one repair round
     blend_wait = max(0.0, blend - (doc + sample + shuffle))
     files_per_rank = math.ceil(jobs / p) * 4 + SPLITS * 3  # rank 0 also publishes the blends
     publish = max(files_per_rank * a["file_s"], 3 * t["files"] / a["metadata_ops_s"])
@@ -224,8 +225,8 @@ def document(records: dict[str, dict], results: str) -> str:
         f"{ns(m['sample_row'])}/sample |",
         f"| shuffle_index_wait | per job on its owner's thread, beside the sample index | at most "
         f"{ns(m['shuffle_entry_max'])}/entry |",
-        f"| blend_wait | chunked: O(samples / P) + one repair per wrong chunk guess, in order, on a thread "
-        f"| {ns(m['blend_sample'])}/sample; at most {ns(m['repair_chunk_max'])}/chunk |",
+        f"| blend_wait | chunked: O(samples / P) + one round of repairs (every wrong chunk guess at once), on a "
+        f"thread | {ns(m['blend_sample'])}/sample; at most {ns(m['repair_chunk_max'])} per round |",
         f"| publish | per file, by each job's owner; blends on rank 0 | {ns(m['publish_file'])}/file "
         f"here; assumed {ASSUMED['file_s'] * 1e3:g} ms on a shared filesystem |",
         f"| writing | {total / 1e9:.0f} GB at min({ASSUMED['write_gb_s']:g} GB/s, P x {ASSUMED['client_gb_s']:g} GB/s), "
