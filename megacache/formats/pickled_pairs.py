@@ -16,12 +16,15 @@ the Pythons Modalities runs on; docs/modalities.md §2), built with numpy a slic
 
 Where frames close depends on every byte before, so a distributed writer encodes its slice of items
 unframed (``encode``), finds its cuts once it knows where the open frame started (``frame_cuts``,
-a few operations per 64 KiB), and then places bytes and headers (``framed_positions``).
+a few operations per 64 KiB), and then places bytes and headers (``frame_starts``,
+``assemble_frames``, ``output_position``).
 
-Reading (``decode``) accepts only the opcodes such a list needs, in the order a list of pairs puts
-them; anything else (a global, a reduce, a string, a negative number) is refused with its offset,
-so a crafted file runs nothing. ``decode_reference`` is the same decoder written over
-``pickletools.genops`` (which parses without executing), the serial reference for the kernel.
+Reading accepts only the opcodes such a list needs, in the order a list of pairs puts them, inside
+well-formed frames; anything else (a global, a reduce, a string, a negative number) is refused with
+its offset, so a crafted file runs nothing. ``checkpoints`` checks a whole index once and keeps the
+parser's state every so many items; ``window`` decodes a range of items from such a state;
+``decode`` reads all. ``decode_reference`` is the same decoder written over ``pickletools.genops``
+(which parses without executing), the serial reference for the kernel.
 """
 
 from __future__ import annotations
