@@ -48,7 +48,7 @@ def _phases(stdout: str) -> dict[str, float]:
 
 def run_program(module_args: list[str], ranks: int | None, work: str) -> dict:
     """``python -m MODULE ARGS`` through the probe, under ``mpiexec -n ranks`` (None: plainly, one
-    process). Wall seconds from outside; ``phases`` as the program reports them plus ``other``
+    process), after a ``sync``. Wall seconds from outside; ``phases`` as the program reports them plus ``other``
     (the wall time they do not cover); per-rank peak RSS, CPU seconds and bytes written."""
     stats = os.path.join(work, "probe-stats")
     cmd = [sys.executable, "-m", "benchmarks.probe", stats, *module_args]
@@ -58,6 +58,9 @@ def run_program(module_args: list[str], ranks: int | None, work: str) -> dict:
         cmd = ["mpiexec", "-n", str(ranks), *cmd]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
                PYTHONWARNINGS="ignore")
+    # Each side starts with nothing left to write back: megacache syncs its outputs before it
+    # publishes them, and would otherwise also flush what the run before it left dirty.
+    os.sync()
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     wall = time.perf_counter() - t0
