@@ -211,7 +211,7 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     from .formats.indexed import bin_path, idx_path
     from .formats.pbin import is_pbin
     from .megatron.versions import resolve
-    from .verify import summarize_dataset, summarize_pbin, verify_cache, verify_dataset, verify_pbin
+    from .verify import summarize_dataset, verify_cache, verify_dataset, verify_pbin
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     failed, checked = [], 0
@@ -227,8 +227,8 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
         for path in args.paths:
             if is_pbin(path):
                 checked += 1
-                problems = verify_pbin(path, vocab_size=args.vocab_size)
-                report(path, "" if problems else summarize_pbin(path), problems)
+                problems, summary = verify_pbin(path, vocab_size=args.vocab_size)
+                report(path, summary, problems)
                 continue
             prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
             # A prefix with its files is a dataset even when it is a directory too (Megatron's default

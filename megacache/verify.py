@@ -20,7 +20,7 @@ from .errors import FormatError, MegacacheError
 from .megatron.cache import describe, description_hash
 from .formats.indexed import IndexedDataset, bin_path, idx_path
 from .formats.npy import load_npy
-from .formats.pbin import PackedFile
+from .formats.pbin import PackedFile, expected_offsets
 from .inspection import inspect_cache, split_range, tokenizer_note
 from .megatron.tokenizer import versions_of
 from .megatron.versions import resolve
@@ -86,41 +86,37 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
     return problems
 
 
-def verify_pbin(path: str, vocab_size: int | None = None) -> list[str]:
-    """Every problem of a ``.pbin`` (empty when sound): its header, every byte of its index (never
-    unpickled), documents aligned, in order, contiguous and covering the data, tokens in the
-    vocabulary. Each names the file and the byte or document. Read a block at a time."""
+def verify_pbin(path: str, vocab_size: int | None = None) -> tuple[list[str], str]:
+    """Every problem of a ``.pbin`` (none when sound), and its summary line: its header, every byte
+    of its index (never unpickled), documents aligned, in order, contiguous and covering the data,
+    tokens in the vocabulary. Each problem names the file and the byte or document. Read a block at
+    a time."""
     try:
         f = PackedFile(path)
         expected = 0
         for first, offsets, lengths in f.windows(BLOCK):
-            wanted = expected + np.concatenate(([0], np.cumsum(lengths[:-1])))
+            wanted = expected_offsets(lengths, expected)
             bad = first_bad(offsets != wanted)
             if bad is not None:
                 d = first + bad
                 if d == 0:
-                    return [f"{path}: document 0 starts at token {int(offsets[0])}, not 0"]
+                    return [f"{path}: document 0 starts at token {int(offsets[0])}, not 0"], ""
                 return [f"{path}: {int(offsets[bad] - wanted[bad])} token(s) between documents {d - 1} and {d}: the "
-                        "documents do not follow each other"]
+                        "documents do not follow each other"], ""
             expected = int(offsets[-1] + lengths[-1])
     except FormatError as exc:
-        return [str(exc)]
+        return [str(exc)], ""
     total = len(f.tokens)
     if expected != total:
-        return [f"{path}: the documents cover {expected:,} of the data's {total:,} tokens"]
+        return [f"{path}: the documents cover {expected:,} of the data's {total:,} tokens"], ""
     if vocab_size is not None:
         for a in range(0, total, BLOCK):
             block = np.asarray(f.tokens[a : a + BLOCK])
             bad = first_bad(block >= vocab_size)
             if bad is not None:
                 return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size "
-                        f"{vocab_size}"]
-    return []
-
-
-def summarize_pbin(path: str) -> str:
-    f = PackedFile(path)
-    return f"{path}: {f.document_count:,} documents, {len(f.tokens):,} tokens ({f.token_size}-byte tokens)"
+                        f"{vocab_size}"], ""
+    return [], f"{path}: {f.document_count:,} documents, {total:,} tokens ({f.token_size}-byte tokens)"
 
 
 def summarize_dataset(prefix: str) -> str:

@@ -25,7 +25,8 @@ from ..blocks import first_bad
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, optimal_dtype
-from ..formats.pbin import CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, is_pbin, token_size
+from ..formats.pbin import (CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, expected_offsets, is_pbin,
+                            merge_bug_hint, token_size)
 from .assemble import Part, PartCounts, assemble, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
 
@@ -116,19 +117,13 @@ def _load_megatron(prefixes: list[str], opened: dict, chunk: Chunk, count: PartC
                 token_offset=int(ds.sequence_pointers[s0]) if s1 > s0 else 0, token_dtype=ds.dtype)
 
 
-def _contiguous(path: str, offsets: np.ndarray, lengths: np.ndarray, first: int, start: int) -> None:
+def _contiguous(f: PackedFile, offsets: np.ndarray, lengths: np.ndarray, first: int, start: int) -> None:
     """A .pbin's documents must follow each other without gaps to be copied as one run."""
-    expected = np.empty(len(offsets), dtype=np.int64)
-    if len(offsets):
-        expected[0] = start
-        np.cumsum(lengths[:-1], out=expected[1:])
-        expected[1:] += start
+    expected = expected_offsets(lengths, start)
     bad = first_bad(offsets != expected)
     if bad is not None:
-        shift = int(expected[bad] - offsets[bad])
-        hint = (" (a file from Modalities' merge_packed_data: it shifts every later file's offsets by 12 bytes "
-                "per file before; merge the originals with megacache merge)") if shift > 0 and shift % 12 == 0 else ""
-        raise MegacacheError(f"{path}: document {first + bad} starts at token {int(offsets[bad])}, not where the "
+        hint = merge_bug_hint(int(expected[bad] - offsets[bad]) * f.token_size)
+        raise MegacacheError(f"{f.path}: document {first + bad} starts at token {int(offsets[bad])}, not where the "
                              f"one before it ends ({int(expected[bad])}){hint}")
 
 
@@ -139,7 +134,7 @@ def _plan_pbin_file(path: str, source: int, chunk_bytes: int) -> tuple[int, list
     chunks, counts = [], []
     start = docs = sequences = tokens = expected = 0
     for first, offsets, lengths in f.windows(CHECKPOINT_ITEMS):
-        _contiguous(path, offsets, lengths, first, expected)
+        _contiguous(f, offsets, lengths, first, expected)
         expected = int(offsets[-1] + lengths[-1])
         at = 0
         while at < len(lengths):  # one pass per chunk closed in this window
@@ -179,7 +174,7 @@ def _load_pbin(paths: list[str], opened: dict, chunk: Chunk, count: PartCounts) 
     f = opened.setdefault(chunk.source, PackedFile(paths[chunk.source]))
     offsets, lengths = f.document_window(chunk.doc_start, chunk.doc_stop - chunk.doc_start)
     start = int(offsets[0]) if len(offsets) else 0
-    _contiguous(paths[chunk.source], offsets, lengths, chunk.doc_start, start)
+    _contiguous(f, offsets, lengths, chunk.doc_start, start)
     if int(lengths.sum()) != count.tokens:
         raise MegacacheError(f"{paths[chunk.source]}: documents {chunk.doc_start}..{chunk.doc_stop} changed since "
                              "the merge was planned")

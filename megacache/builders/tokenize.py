@@ -167,21 +167,18 @@ def _prepare_work_dir(work_dir: str, fingerprint: str) -> list[int]:
     return []
 
 
-def _with_eod(ids: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
-    """Append EOD to every non-empty document (Megatron appends none to an empty one)."""
-    nonempty = lengths > 0
-    ends = np.cumsum(lengths)[nonempty]
-    return np.insert(ids, ends, eod), lengths + nonempty
-
-
-def _ending_with_eod(ids: np.ndarray, lengths: np.ndarray, eod: int) -> tuple[np.ndarray, np.ndarray]:
-    """End every document with EOD unless its last token is EOD already, as Modalities' packer does;
-    a document with no tokens becomes one EOD (its packer would drop it and the rest of its file)."""
+def _with_eod(ids: np.ndarray, lengths: np.ndarray, eod: int, pbin: bool) -> tuple[np.ndarray, np.ndarray]:
+    """EOD after documents: Megatron's rule, after every non-empty document; or (``pbin``) Modalities'
+    packer's, after every document whose last token is not EOD already, so a document with no
+    tokens becomes one EOD (its packer would drop it and the rest of its file)."""
     ends = np.cumsum(lengths)
-    last = np.full(len(lengths), -1, dtype=np.int64)
     nonempty = lengths > 0
-    last[nonempty] = ids[ends[nonempty] - 1]
-    needs = last != eod
+    if pbin:
+        last = np.full(len(lengths), -1, dtype=np.int64)
+        last[nonempty] = ids[ends[nonempty] - 1]
+        needs = last != eod
+    else:
+        needs = nonempty
     return np.insert(ids, ends[needs], eod), lengths + needs
 
 
@@ -272,9 +269,8 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
                 t = clock()
                 if cfg.pbin:
                     empty[key] += int(np.count_nonzero(lengths == 0))
-                    ids, lengths = _ending_with_eod(ids, lengths, tok.eod)
-                elif cfg.append_eod:
-                    ids, lengths = _with_eod(ids, lengths, tok.eod)
+                if cfg.pbin or cfg.append_eod:
+                    ids, lengths = _with_eod(ids, lengths, tok.eod, cfg.pbin)
                 _check_range(ids, dtype, unit, tok)
                 fb, fd = files[key]
                 with writing(fb.name):

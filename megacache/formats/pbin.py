@@ -44,6 +44,22 @@ def token_size(vocab_size: int) -> int:
     return 4 if size == 3 else size
 
 
+def expected_offsets(lengths: np.ndarray, start: int) -> np.ndarray:
+    """Where documents of these lengths start when each follows the one before it, the first at ``start``."""
+    offsets = np.full(len(lengths), start, dtype=np.int64)
+    if len(lengths) > 1:
+        offsets[1:] += np.cumsum(lengths[:-1])
+    return offsets
+
+
+def merge_bug_hint(short_bytes: int) -> str:
+    """Why a document may start ``short_bytes`` before the end of the one before it."""
+    if short_bytes > 0 and short_bytes % 12 == 0:
+        return (" (as Modalities' merge_packed_data writes them: it puts each file's offsets 12 bytes per "
+                "earlier file too low; merge the original files with megacache merge)")
+    return ""
+
+
 def header_bytes(data_bytes: int, size: int) -> bytes:
     return struct.pack("<QI", data_bytes, size)
 
@@ -168,9 +184,7 @@ class PackedFile:
         bad = np.flatnonzero(offsets[1:] < ends[:-1]) + 1
         if len(bad):
             d = int(bad[0])
-            short = int(ends[d - 1] - offsets[d])
-            hint = (" (as Modalities' merge_packed_data writes them: it puts each file's offsets 12 bytes per "
-                    "earlier file too low; merge the original files with megacache merge)") if short % 12 == 0 else ""
+            hint = merge_bug_hint(int(ends[d - 1] - offsets[d]))
             raise FormatError(f"{self.path}: document {first + d} starts at data byte {offsets[d]}, before the end "
                               f"of document {first + d - 1} ({ends[d - 1]}): offsets out of order{hint}")
         return offsets // size, lengths // size
