@@ -55,6 +55,20 @@ def pwrite_all(fd: int, data: Any, offset: int) -> None:
         done += os.pwrite(fd, view[done:], offset + done)
 
 
+def pread_into(fd: int, out: np.ndarray, offset: int) -> np.ndarray:
+    """Fill ``out`` (C-contiguous) with the file's bytes from ``offset``: a read into private
+    memory, so nothing of the file stays mapped (a memory map's touched pages count as the
+    process's resident memory until it is unmapped)."""
+    view = memoryview(out).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise OSError(f"unexpected end of file reading {len(view)} bytes at offset {offset}")
+        done += n
+    return out
+
+
 def copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, count: int) -> None:
     """Copy bytes between files inside the kernel (no user-space buffer of the data)."""
     while count > 0:

@@ -231,31 +231,47 @@ class GPTIndexPlan:
 
 
 def build_document_index(
-    indices: np.ndarray,
+    split_range: tuple[int, int],
     num_epochs: int,
     separate_final_epoch: bool,
     state: MT19937,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``indices`` tiled ``num_epochs`` times (epoch-major) as int32, shuffled with ``state``.
+    """The split's sequence ids ``[lo, hi)`` tiled ``num_epochs`` times (epoch-major) as int32,
+    shuffled with ``state``.
 
     Separated: the first E-1 epochs are shuffled together, then the last epoch on its own. ``out``
     (int32, length E·D, e.g. a memory map) is filled in place instead of allocating.
     """
-    indices = np.asarray(indices)
-    length = num_epochs * len(indices)
+    lo, hi = (int(v) for v in split_range)
+    if not 0 <= lo <= hi <= INT32_MAX + 1:
+        raise ValueError(f"split range {split_range} is not a range of int32 sequence ids")
+    length = num_epochs * (hi - lo)
     if out is None:
         out = np.empty(length, dtype=np.int32)
     elif out.dtype != np.int32 or out.shape != (length,):
         raise ValueError(f"out must be int32[{length}], got {out.dtype}{list(out.shape)}")
-    out.reshape(num_epochs, len(indices))[...] = indices
+    _tile_range(out.view(np.ndarray), lo, hi)
     if separate_final_epoch and num_epochs > 1:
-        first = length - len(indices)
+        first = length - (hi - lo)
         shuffle(out[:first], state)
         shuffle(out[first:], state)
     else:
         shuffle(out, state)
     return out
+
+
+@numba.njit(cache=True, nogil=True)
+def _tile_range(out, lo, hi):
+    # One pass, no temporary: numpy's arange is several times slower than a store loop once
+    # its result no longer fits in cache.
+    D = hi - lo
+    if D == 0:
+        return
+    for e in range(out.shape[0] // D):
+        base = e * D
+        for i in range(D):
+            out[base + i] = lo + i
 
 
 # --------------------------------------------------------------------------------------------
@@ -306,23 +322,26 @@ def _length_stats(lengths, first):
 
 
 def document_token_ends(
-    sizes: np.ndarray, document_index: np.ndarray, start: int = 0, out: np.ndarray | None = None
+    sizes: np.ndarray, document_index: np.ndarray, start: int = 0, out: np.ndarray | None = None,
+    first: int = 0,
 ) -> np.ndarray:
     """Prefix sums along a slice of the document index: ``S[p0+1 … p1]`` for the slice
-    ``document_index[p0:p1]``, given ``start = S[p0]``, the tokens in all positions before it."""
+    ``document_index[p0:p1]``, given ``start = S[p0]``, the tokens in all positions before it.
+    ``sizes`` holds the lengths of sequences ``first…`` (a split's own, say)."""
     if out is None:
         out = np.empty(len(document_index), dtype=np.int64)
     elif out.shape != (len(document_index),) or out.dtype != np.int64:
         raise ValueError(f"out must be int64[{len(document_index)}], got {out.dtype}{list(out.shape)}")
-    _token_ends(np.asarray(sizes), np.asarray(document_index), np.int64(start), out.view(np.ndarray))
+    _token_ends(np.asarray(sizes), np.asarray(document_index), np.int64(start), np.int64(first),
+                out.view(np.ndarray))
     return out
 
 
 @numba.njit(cache=True, nogil=True)
-def _token_ends(sizes, document_index, start, out):
+def _token_ends(sizes, document_index, start, first, out):
     total = start
     for p in range(document_index.shape[0]):
-        total += sizes[document_index[p]]
+        total += sizes[document_index[p] - first]
         out[p] = total
 
 
@@ -405,14 +424,27 @@ def sample_index_rows(
     return out
 
 
+#: prefix sums compared per step of the row merge (a sample spans a few documents)
+_STRIDE = 8
+
+
 @numba.njit(cache=True, nogil=True)
 def _rows_from_ends(ends, start, first_position, j, first_k, L, x, rows):
     # Merge the ascending row targets k·L + x into the ascending prefix sums, from position j on.
+    # Each step counts the sums below the target among the next _STRIDE (clamped to the last,
+    # which every row found here reaches): a vectorised count, where a compare per position
+    # mispredicts a branch at every row.
+    last = ends.shape[0] - 1
     for r in range(rows.shape[0]):
         k = first_k + r
         target = k * L + x
-        while ends[j] < target:
-            j += 1
+        while True:
+            below = 0
+            for q in range(_STRIDE):
+                below += ends[min(j + q, last)] < target
+            j += below
+            if below < _STRIDE:
+                break
         before = start if j == 0 else ends[j - 1]
         rows[r, 0] = first_position + j
         rows[r, 1] = k * L - before
@@ -429,9 +461,12 @@ def _check_int32_offsets(plan: GPTIndexPlan, offset: int) -> None:
         )
 
 
-def build_sample_index(sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan) -> np.ndarray:
-    """The whole sample index, vectorised (the slice form over one slice)."""
-    ends = document_token_ends(sizes, document_index)
+def build_sample_index(
+    sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan, first: int = 0
+) -> np.ndarray:
+    """The whole sample index, vectorised (the slice form over one slice); ``sizes`` holds the
+    lengths of sequences ``first…``."""
+    ends = document_token_ends(sizes, document_index, first=first)
     return sample_index_rows(plan, ends, 0, 0, 0, plan.num_samples + 1)
 
 
@@ -490,16 +525,10 @@ def build_shuffle_index(
         out = np.empty(length, dtype=dtype)
     elif out.shape != (length,) or out.dtype != dtype:
         raise ValueError(f"out must be {np.dtype(dtype)}[{length}], got {out.dtype}{list(out.shape)}")
-    _fill_arange(out)
+    _tile_range(out.view(np.ndarray), 0, length)
     shuffle(out[:first_range], state)
     shuffle(out[first_range:], state)
     return out
-
-
-def _fill_arange(out: np.ndarray, chunk: int = 1 << 22) -> None:
-    # In chunks: a full-length arange temporary would double the memory of a large memory map.
-    for lo in range(0, len(out), chunk):
-        out[lo : lo + chunk] = np.arange(lo, min(lo + chunk, len(out)), dtype=out.dtype)
 
 
 def build_gpt_indices(
@@ -507,8 +536,7 @@ def build_gpt_indices(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """All three arrays of one split in one process, as megatron-core's GPTDataset builds them."""
     state = MT19937.from_seed(seed)
-    indices = np.arange(*split_range, dtype=np.int32)
-    document_index = build_document_index(indices, plan.num_epochs, plan.separate_final_epoch, state)
+    document_index = build_document_index(split_range, plan.num_epochs, plan.separate_final_epoch, state)
     sample_index = build_sample_index(sequence_lengths, document_index, plan)
     shuffle_index = build_shuffle_index(
         plan.num_samples, plan.shuffle_first_range, plan.shuffle_index_dtype, state

@@ -33,6 +33,8 @@ if TYPE_CHECKING:  # the orchestrator's configuration (build.py imports this mod
 
 #: a blend's arrays and their dtypes (each one sample long)
 BLEND_ARRAYS = {"dataset_index.npy": np.dtype(np.int16), "dataset_sample_index.npy": np.dtype(np.int64)}
+#: samples blended in memory per block (BuildConfig.blend_block)
+BLEND_BLOCK = 1 << 22
 
 
 @dataclass
@@ -181,28 +183,40 @@ class Blending:
                 np.lib.format.open_memmap(self.tmp[b.index, "dataset_sample_index.npy"], mode="r+"))
 
     def _whole(self, b: BlendTask) -> np.ndarray:
+        if b.weights is not None:
+            return self._blend_rows(b, 0, b.size, None)
         idx, sidx = self._outputs(b)
-        if b.weights is None:
-            i, s = build_exhaustive_blending_indices(b.lengths)
-            idx[:], sidx[:] = i, s
-            counts = b.lengths.copy()
-        else:
-            counts = blend_chunk(b.weights, 0, None, idx, sidx)
+        idx[:], sidx[:] = build_exhaustive_blending_indices(b.lengths)
         idx.flush()
         sidx.flush()
-        return counts
+        return b.lengths.copy()
+
+    def _blend_rows(self, b: BlendTask, s0: int, s1: int, counts: np.ndarray | None) -> np.ndarray:
+        """Samples ``[s0, s1)`` of a weighted blend from the counts at ``s0``, blended block by
+        block into private buffers and written to the files: memory O(block), where a memory map
+        of the output would keep every written page resident. Returns the counts at ``s1``."""
+        block = self.cfg.blend_block
+        buffers = {what: np.empty(min(block, s1 - s0), dtype) for what, dtype in BLEND_ARRAYS.items()}
+        writers = [NpyWriter(self.tmp[b.index, what], dtype, (b.size,)) for what, dtype in BLEND_ARRAYS.items()]
+        try:
+            for a in range(s0, s1, block):
+                n = min(block, s1 - a)
+                idx, sidx = (buffers[what][:n] for what in BLEND_ARRAYS)
+                counts = blend_chunk(b.weights, a, counts, idx, sidx)
+                for writer, rows in zip(writers, (idx, sidx)):
+                    writer.write_rows(a, rows)
+        finally:
+            for writer in writers:
+                writer.close()
+        return counts if counts is not None else np.zeros(len(b.lengths), dtype=np.int64)
 
     def _chunk(self, b: BlendTask) -> tuple[int, int]:
         return even_slice(b.size, self.comm.rank, self.comm.size)
 
     def _speculate(self, b: BlendTask) -> tuple[np.ndarray, np.ndarray]:
         s0, s1 = self._chunk(b)
-        idx, sidx = self._outputs(b)
         guess = guess_counts(b.weights, s0, self.cfg.blend_warmup)
-        end = blend_chunk(b.weights, s0, guess, idx[s0:s1], sidx[s0:s1])
-        idx.flush()
-        sidx.flush()
-        return guess, end
+        return guess, self._blend_rows(b, s0, s1, guess)
 
     def _repair(self, b: BlendTask, mine: tuple) -> np.ndarray:
         @contextmanager

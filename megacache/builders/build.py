@@ -39,7 +39,7 @@ from ..megatron.cache import SPLIT_NAMES, existing
 from ..megatron.sequences import default_path, sequences_json
 from ..megatron.training import DEFAULT_SPLIT
 from ..megatron.versions import resolve
-from .blend import BlendTask, Blending, plan_blends
+from .blend import BLEND_BLOCK, BlendTask, Blending, plan_blends
 from .gpt import (GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, array_records, open_datasets,
                   plan_tasks)
 from .publish import read_manifest, update_manifest
@@ -70,6 +70,8 @@ class BuildConfig:
     blend_min_chunk: int = 4 * DEFAULT_WARMUP
     #: greedy steps each chunk's guessed start state is run for
     blend_warmup: int = DEFAULT_WARMUP
+    #: samples a rank blends into memory before writing them (memory per rank: 10 bytes each)
+    blend_block: int = BLEND_BLOCK
     #: replace existing entries that megacache's manifest shows were built from other data or
     #: settings (else that is an error)
     rebuild_stale: bool = False

@@ -54,6 +54,8 @@ IN_MEMORY_BYTES = 16 << 20
 #: a task's sample index is shared by all ranks when its document index is more than this share
 #: of one rank's part of all document indices (and always when it is too large for memory)
 SHARED_FRACTION = 0.25
+#: sequence lengths read per block when summing them
+READ_BLOCK = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,16 @@ def open_datasets(prefixes, comm: Comm) -> dict[str, IndexedDataset]:
     return datasets
 
 
+def _length_stats_read(dataset: IndexedDataset, lo: int, hi: int) -> tuple[int, int, int]:
+    """``length_stats`` of sequences ``[lo, hi)``, read in bounded blocks."""
+    tokens = longest = checksum = 0
+    for a in range(lo, hi, READ_BLOCK):
+        b = min(hi, a + READ_BLOCK)
+        t, m, c = length_stats(dataset.read_lengths(a, b), a)
+        tokens, longest, checksum = tokens + t, max(longest, m), (checksum + c) % 2**64
+    return tokens, longest, checksum
+
+
 def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[int]],
                     comm: Comm) -> dict[tuple[str, int], tuple[int, int, int]]:
     """``(tokens, longest sequence, length checksum)`` of every interval ``[cuts[p][i], cuts[p][i+1])``, keyed by
@@ -188,8 +200,7 @@ def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[in
             a, b = max(g0, int(starts[i])) - int(starts[i]), min(g1, int(starts[i + 1])) - int(starts[i])
             if a >= b:
                 continue
-            lengths = datasets[keys[i][0]].sequence_lengths[lows[i] + a: lows[i] + b]
-            mine.append((i, *length_stats(lengths, lows[i] + a)))
+            mine.append((i, *_length_stats_read(datasets[keys[i][0]], lows[i] + a, lows[i] + b)))
     stats = {key: (0, 0, 0) for key in keys}
     for part in comm.allgather(mine):
         for i, tokens, longest, checksum in part:
@@ -294,16 +305,16 @@ class GPTBuild:
         shared task's is preallocated for every rank to fill. The shuffle index goes to the pool."""
         p = task.plan
         state = MT19937.from_seed(self.settings.seed)
-        indices = np.arange(*task.split_range, dtype=np.int32)
         if task.index in self.shared_ids:
             NpyWriter.create(self.tmp[task.index, "sample_index.npy"], p.sample_index_dtype, p.sample_index_shape)
             with self._array(task, "document_index.npy") as out:
-                build_document_index(indices, p.num_epochs, p.separate_final_epoch, state, out=out)
+                build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state, out=out)
         else:
-            document_index = build_document_index(indices, p.num_epochs, p.separate_final_epoch, state)
+            document_index = build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state)
             write_npy(self.tmp[task.index, "document_index.npy"], document_index)
-            sizes = self.datasets[task.data_path].sequence_lengths
-            write_npy(self.tmp[task.index, "sample_index.npy"], build_sample_index(sizes, document_index, p))
+            sizes = self.datasets[task.data_path].read_lengths(*task.split_range)
+            write_npy(self.tmp[task.index, "sample_index.npy"],
+                      build_sample_index(sizes, document_index, p, task.split_range[0]))
         return pool.submit(self._shuffle_index, task, state)
 
     def _shuffle_index(self, task: GPTTask, state: MT19937) -> None:

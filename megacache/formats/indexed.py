@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import FormatError
-from ..fsio import pwrite_all, writing
+from ..fsio import pread_into, pwrite_all, writing
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -159,6 +159,19 @@ class IndexedDataset:
                     f"{binp}: truncated: {self.bin_size} bytes, but its index {idx_path(prefix)} puts the last "
                     f"sequence's tokens up to byte {end}; re-create the dataset (megacache verify {prefix} "
                     f"locates the damage)")
+
+    def read_lengths(self, lo: int, hi: int) -> np.ndarray:
+        """Sequence lengths ``[lo, hi)`` read into a new array: memory that is freed with it,
+        where a slice of ``sequence_lengths`` would keep its pages resident as long as the
+        dataset is open (a build holds every dataset open and reads each length once)."""
+        if not 0 <= lo <= hi <= len(self):
+            raise ValueError(f"{self.prefix}: sequences [{lo}, {hi}) outside [0, {len(self)}]")
+        out = np.empty(hi - lo, dtype=np.int32)
+        fd = os.open(idx_path(self.prefix), os.O_RDONLY)
+        try:
+            return pread_into(fd, out, self.layout.lengths_offset + 4 * lo)
+        finally:
+            os.close(fd)
 
     @cached_property
     def tokens(self) -> np.ndarray:

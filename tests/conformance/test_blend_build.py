@@ -22,19 +22,6 @@ from support.sweeps import (NULL_TOKENIZER, build_and_compare, megatron_build, p
                             torch_group, words)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
 def our_config(c: dict, prefixes: list[str], cache: str, **tuning) -> BuildConfig:
     if c["per_split"]:
         blends = [None if b is None else parse_blend(words(*b)) for b in per_split_blends(c, prefixes)]
@@ -80,7 +67,8 @@ def _sweep(comm: Comm, mcore, count: int, seed: int, huge: int, **tuning) -> dic
 
 
 def test_random_blends_single_rank(megatron):
-    outcomes = sweep(SingleComm(), 200, seed=7, huge=1)
+    # Small blend blocks: a blend is computed and written in many pieces.
+    outcomes = sweep(SingleComm(), 200, seed=7, huge=1, blend_block=1000)
     print("blend conformance, 1 rank, 200 blends:", outcomes)
     assert sum(outcomes.values()) == 200 and outcomes.get("refused", 0) <= 40, outcomes
     assert "chunked" not in outcomes
@@ -91,8 +79,9 @@ def test_random_blends_single_rank(megatron):
 def test_random_blends_under_mpi():
     comm = get_comm("mpi")
     # Blends are cut into one chunk per rank from 50 samples per rank on, so that the chunked
-    # blend and its repair run here; no warmup, so that guesses are sometimes wrong.
-    outcomes = sweep(comm, 200, seed=300 + comm.size, blend_min_chunk=50, blend_warmup=0)
+    # blend and its repair run here; no warmup, so that guesses are sometimes wrong; each chunk
+    # blended in pieces of 37 samples.
+    outcomes = sweep(comm, 200, seed=300 + comm.size, blend_min_chunk=50, blend_warmup=0, blend_block=37)
     if comm.rank == 0:
         print(f"blend conformance, {comm.size} ranks, 200 blends:", outcomes)
     assert outcomes.get("refused", 0) <= 40, outcomes

@@ -42,6 +42,12 @@ def test_random_datasets_equal_megatron_bytes(tmp_path, megatron, dtype):
         assert np.array_equal(ours[i], theirs[i])
     for d, doc in enumerate(docs):
         assert np.array_equal(ours.document(d), doc)
+    # read_lengths: megatron-core's sequence lengths, read rather than mapped, any range
+    assert np.array_equal(ours.read_lengths(0, len(ours)), theirs.sequence_lengths)
+    assert np.array_equal(ours.read_lengths(17, 101), theirs.sequence_lengths[17:101])
+    assert ours.read_lengths(5, 5).shape == (0,)
+    with pytest.raises(ValueError, match=r"sequences \[3, %d\) outside" % (len(ours) + 1)):
+        ours.read_lengths(3, len(ours) + 1)
 
 
 def test_optimal_dtype_threshold():
