@@ -188,6 +188,7 @@ def _window_kernel(w, c, cap, k, n, off, members, rep, window, start, out_idx, o
     cw = np.empty(G + 16)
     cc = np.empty(G + 16)
     cb = np.empty(G + 16, np.int64)
+    xk = np.empty(G + 16, np.int64)  # the candidates' keys at the current step
     wtop = 0.0
     for g in range(G):
         wtop = max(wtop, w[g])
@@ -239,15 +240,17 @@ def _window_kernel(w, c, cap, k, n, off, members, rep, window, start, out_idx, o
         ws = cw[:padded]
         cs = cc[:padded]
         bs = cb[:padded]
+        xs = xk[:padded]
         for i in range(steps):
             t = max(float(start + s + i), 1.0)
             m = _IMIN
             for j in range(padded):
                 x = _key(ws[j] * t - cs[j])
+                xs[j] = x
                 m = x if x > m else m
             r = _NOCAND
             for j in range(padded):
-                x = bs[j] if _key(ws[j] * t - cs[j]) == m else _NOCAND
+                x = bs[j] if xs[j] == m else _NOCAND
                 r = x if x < r else r
             j = r & 0xFFFF
             g = cslot[j]
