@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from ..errors import FormatError
-from ..fsio import pwrite_all, writing
+from ..fsio import pwrite_all, write_new_file, writing
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -30,16 +30,10 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
 
 
 def write_npy(path: str, array: np.ndarray) -> None:
-    """``numpy.save``'s bytes for a C-contiguous array, in one create and one write (no pickle)."""
+    """``numpy.save``'s bytes for a C-contiguous array, as one new file (no pickle)."""
     array = np.ascontiguousarray(array)
     with writing(path):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            header = npy_header(array.dtype, array.shape)
-            pwrite_all(fd, header, 0)
-            pwrite_all(fd, array, len(header))
-        finally:
-            os.close(fd)
+        write_new_file(path, [npy_header(array.dtype, array.shape), array])
 
 
 class NpyWriter:

@@ -122,7 +122,11 @@ def run_trials(workload: Workload, reference: dict[str, bytes], seed: int) -> st
     rng = np.random.default_rng(seed)
     outcomes: dict[str, int] = {}
     kills = 0
-    for trial in range(TRIALS if TRIALS else 0):
+    # A job can finish before its kill lands (a small job on a busy machine): such a trial still
+    # checks the outputs, but trials go on until TRIALS kills have landed mid-job (or twice TRIALS).
+    trial = 0
+    while kills < TRIALS and trial < 2 * TRIALS:
+        trial += 1
         landed = kill_one_rank(workload, rng)
         kills += landed != "finished first"
         visible = final_files(workload.outputs)
@@ -136,11 +140,11 @@ def run_trials(workload: Workload, reference: dict[str, bytes], seed: int) -> st
         assert not leftovers, f"{workload.name} trial {trial}: left behind after the rerun: {leftovers}"
         outcomes[landed] = outcomes.get(landed, 0) + 1
         reset(workload)
-    summary = (f"{workload.name}: {TRIALS} trials, {kills} ranks killed mid-job, every visible file equal to an "
+    summary = (f"{workload.name}: {trial} trials, {kills} ranks killed mid-job, every visible file equal to an "
                f"uninterrupted run's, every rerun byte-identical; kills landed in: "
                + ", ".join(f"{k} x{v}" for k, v in sorted(outcomes.items())))
     REPORTS.append(summary)
-    assert kills >= min(TRIALS, 20) * 0.9, summary
+    assert kills >= TRIALS, summary
     return summary
 
 

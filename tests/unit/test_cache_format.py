@@ -3,6 +3,7 @@ import pytest
 
 from megacache.megatron.cache import CacheEntry, blend_entry, blend_identifiers, describe, existing, gpt_identifiers
 from megacache.formats.npy import NpyWriter, load_npy, write_npy
+from megacache.fsio import DIRECT_MIN, DIRECT_STAGE
 
 
 @pytest.mark.parametrize("dtype, shape", [(np.int32, (7, 2)), (np.int64, (0, 2)), (np.uint32, (13,)),
@@ -43,10 +44,17 @@ def test_existing_needs_every_file_of_an_entry(tmp_path):
     assert [e.exists() for e in (complete, partial, elsewhere)] == [True, False, False]
 
 
-def test_write_npy_equals_numpy_save(tmp_path):
-    arr = np.arange(12, dtype=np.uint32)[::-1].reshape(6, 2)
+@pytest.mark.parametrize("elements", [12, DIRECT_MIN // 4 - 40, DIRECT_MIN // 4 + 1, DIRECT_STAGE // 4,
+                                      DIRECT_STAGE // 4 * 2 + 999])
+def test_write_npy_equals_numpy_save(tmp_path, elements):
+    # Sizes around the O_DIRECT threshold and the staging buffer: a buffered file, a direct one whose
+    # last block is padded and cut, exactly one staging buffer and two-and-a-bit of them.
+    arr = np.random.default_rng(elements).integers(0, 2**31, elements).astype(np.uint32)[::-1].reshape(-1, 1)
     np.save(tmp_path / "ref.npy", arr, allow_pickle=True)
     write_npy(str(tmp_path / "ours.npy"), arr)
+    assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "ref.npy").read_bytes()
+    write_npy(str(tmp_path / "ours.npy"), arr[: len(arr) // 2])  # overwritten by a shorter one: no stale tail
+    np.save(tmp_path / "ref.npy", arr[: len(arr) // 2], allow_pickle=True)
     assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "ref.npy").read_bytes()
 
 
