@@ -20,7 +20,7 @@ def _ranks(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .harness import DEFAULT_RESULTS, BenchmarkFailure, shown
+    from .harness import DEFAULT_RESULTS, SCALE_RESULTS, BenchmarkFailure, shown
     from .workloads import SUITES, WORKLOADS
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
@@ -31,19 +31,28 @@ def main(argv: list[str] | None = None) -> int:
                                   f"repeat(s)" for name, s in SUITES.items())
                         + " (quick: a few minutes here, full: 20-40 min, smoke: under a minute)")
     p.add_argument("--ranks", type=_ranks, help="megacache rank counts (default: the suite's)")
-    p.add_argument("--factor", type=float, help="size factor, 1 = the issue's sizes (default: the suite's)")
+    p.add_argument("--factor", type=float, nargs="+",
+                   help="size factor(s), 1 = the issue's sizes (default: the suite's)")
     p.add_argument("--repeats", type=int, help="runs per side; medians are reported (default: the suite's)")
     p.add_argument("--only", nargs="+", choices=list(WORKLOADS), metavar="WORKLOAD",
-                   help=f"some of: {', '.join(WORKLOADS)}")
-    p.add_argument("--results", help=f"JSON-lines file to append to (default {shown(DEFAULT_RESULTS)}; "
-                                     "the smoke suite's default is a new temporary directory)")
+                   help=f"some of: {', '.join(WORKLOADS)} (default: the suite's)")
+    p.add_argument("--results", help=f"JSON-lines file to append to (default {shown(DEFAULT_RESULTS)}, the scale "
+                                     f"suite's {shown(SCALE_RESULTS)}; the smoke suite's default is a new "
+                                     "temporary directory)")
     p = sub.add_parser("report", help="plots and TABLE.md next to the results file, from the file alone")
     p.add_argument("--results", default=DEFAULT_RESULTS)
     p.add_argument("--suite", help="only this suite's records (default: each workload's latest)")
     p.add_argument("--readme", metavar="PATH", help="also rewrite the summary table between the benchmark markers "
                                                     "of this README")
+    p = sub.add_parser("scale-report", help="SCALE.md next to the results file (and the README's scale table): "
+                                            "time, phases and memory against the size, fitted growth")
+    p.add_argument("--results", default=SCALE_RESULTS)
+    p.add_argument("--readme", metavar="PATH", help="also rewrite the scale table between the scale markers of "
+                                                    "this README")
     p = sub.add_parser("project", help="write the 5e12-token projection from the measured phase costs")
     p.add_argument("--results", default=DEFAULT_RESULTS)
+    p.add_argument("--scale-results", default=SCALE_RESULTS,
+                   help="the scale suite's results: its largest build_blend is used when the file exists")
     p.add_argument("--suite", help="only this suite's records (default: each workload's largest factor)")
     p.add_argument("--output", default=os.path.join("docs", "benchmarks-projection.md"))
     args = ap.parse_args(argv)
@@ -54,24 +63,31 @@ def main(argv: list[str] | None = None) -> int:
 
             chosen = SUITES[args.suite]
             results = args.results or (os.path.join(tempfile.mkdtemp(prefix="megacache-bench-smoke-"), "smoke.jsonl")
-                                       if args.suite == "smoke" else DEFAULT_RESULTS)
+                                       if args.suite == "smoke" else SCALE_RESULTS if args.suite == "scale"
+                                       else DEFAULT_RESULTS)
             repeats = args.repeats or chosen.repeats
             if repeats < 1:
                 ap.error("--repeats must be at least 1")
+            factors = args.factor or list(chosen.factors or [chosen.factor])
             t = time.perf_counter()
-            suite.run(args.suite, chosen, args.factor or chosen.factor, args.ranks or list(chosen.ranks),
-                      repeats, args.only or list(WORKLOADS), results)
-            written = report.write_report(results, suite=args.suite)
+            suite.run(args.suite, chosen, factors, args.ranks or list(chosen.ranks), repeats,
+                      args.only or list(chosen.workloads or WORKLOADS), results)
+            written = (report.write_scale_report(results) if len(factors) > 1
+                       else report.write_report(results, suite=args.suite))
             print(f"suite {args.suite} done in {time.perf_counter() - t:.0f} s; results appended to {shown(results)}; "
                   f"wrote {', '.join(written)}")
         elif args.command == "report":
             from . import report
 
             print("wrote " + ", ".join(report.write_report(args.results, suite=args.suite, readme=args.readme)))
+        elif args.command == "scale-report":
+            from . import report
+
+            print("wrote " + ", ".join(report.write_scale_report(args.results, readme=args.readme)))
         else:
             from . import project
 
-            project.write_projection(args.results, args.output, suite=args.suite)
+            project.write_projection(args.results, args.output, suite=args.suite, scale_results=args.scale_results)
             print(f"wrote {args.output}")
     except BenchmarkFailure as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)

@@ -17,6 +17,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(ROOT, "benchmarks", "results", "suite.jsonl")
+SCALE_RESULTS = os.path.join(ROOT, "benchmarks", "results", "scale.jsonl")
 
 # What neither side times itself: launcher, interpreter start-up, imports not timed, exit.
 OTHER = "other"

@@ -54,31 +54,39 @@ def _counts(record: dict) -> dict[str, float]:
             "files": record["outputs"]["files"]}
 
 
+def _base_ranks(record: dict) -> int:
+    return min(int(p) for p in record["megacache"])
+
+
 def _base(record: dict, side: str) -> dict:
     """The medians of the reference, or of megacache at its smallest P."""
     if side == "reference":
         return record["reference"]["median"]
-    return record["megacache"][str(min(int(p) for p in record["megacache"]))]["median"]
+    return record["megacache"][str(_base_ranks(record))]["median"]
 
 
 def constants(gpt: dict, blend: dict, kernel: dict) -> dict[str, dict[str, float]]:
-    """Seconds per unit for both sides, and bytes per element of each array."""
+    """Seconds per unit for both sides, and bytes per element of each array. A megacache phase
+    measured at P > 1 did 1/P of the elements on each rank (and, where the work is spread by
+    dataset, 1/P of the datasets): the counts are divided accordingly."""
     g, b = _counts(gpt), _counts(blend)
-    ds = (g["datasets"], b["datasets"])
+    pg, pb = _base_ranks(gpt), _base_ranks(blend)
 
-    def fit(side: str, phase: str, element: str):
+    def fit(side: str, phase: str, element: str, spread_datasets: bool):
+        qg, qb = (pg, pb) if side == "megacache" else (1, 1)
+        ds = (g["datasets"] / (qg if spread_datasets else 1), b["datasets"] / (qb if spread_datasets else 1))
         return _fit(_base(gpt, side)["phases"].get(phase, 0.0), _base(blend, side)["phases"].get(phase, 0.0),
-                    ds, (g[element], b[element]))
+                    ds, (g[element] / qg, b[element] / qb))
 
     ours, ref = {}, {}
-    ours["plan_dataset"], ours["plan_document"] = fit("megacache", "plan", "documents")
-    ours["doc_dataset"], ours["doc_entry"] = fit("megacache", "document_index", "doc_entries")
-    ours["sample_dataset"], ours["sample_row"] = fit("megacache", "sample_index", "sample_rows")
+    ours["plan_dataset"], ours["plan_document"] = fit("megacache", "plan", "documents", False)
+    ours["doc_dataset"], ours["doc_entry"] = fit("megacache", "document_index", "doc_entries", True)
+    ours["sample_dataset"], ours["sample_row"] = fit("megacache", "sample_index", "sample_rows", False)
     # The shuffle runs on its owner's thread beside the sample index and is seen only as the wait
     # after it: at most the two together, per shuffle entry of the one-dataset build.
     gp = _base(gpt, "megacache")["phases"]
-    ours["shuffle_entry_max"] = (gp["sample_index"] + gp.get("shuffle_index_wait", 0.0)) / g["shuffle"]
-    ours["publish_file"] = _base(blend, "megacache")["phases"]["publish"] / b["files"]
+    ours["shuffle_entry_max"] = (gp["sample_index"] + gp.get("shuffle_index_wait", 0.0)) / (g["shuffle"] / pg)
+    ours["publish_file"] = _base(blend, "megacache")["phases"]["publish"] / (b["files"] / pb)
     ks = kernel["megacache"]
     k1 = _base(kernel, "megacache")["phases"]
     ours["blend_sample"] = (k1["guess"] + k1["blend"]) / kernel["params"]["samples"]
@@ -88,10 +96,10 @@ def constants(gpt: dict, blend: dict, kernel: dict) -> dict[str, dict[str, float
     ours["repair_chunk_max"] = (ks[str(p_max)]["median"]["phases"]["repair"] / (p_max - 1)) if p_max > 1 else 0.0
     ours["startup_here"] = _base(gpt, "megacache")["phases"]["other"]
 
-    ref["load_dataset"], ref["load_document"] = fit("reference", "load", "documents")
-    ref["doc_dataset"], ref["doc_entry"] = fit("reference", "document_index", "doc_entries")
-    ref["sample_dataset"], ref["sample_row"] = fit("reference", "sample_index", "sample_rows")
-    ref["shuffle_dataset"], ref["shuffle_entry"] = fit("reference", "shuffle_index", "shuffle")
+    ref["load_dataset"], ref["load_document"] = fit("reference", "load", "documents", False)
+    ref["doc_dataset"], ref["doc_entry"] = fit("reference", "document_index", "doc_entries", False)
+    ref["sample_dataset"], ref["sample_row"] = fit("reference", "sample_index", "sample_rows", False)
+    ref["shuffle_dataset"], ref["shuffle_entry"] = fit("reference", "shuffle_index", "shuffle", False)
     ref["other_dataset"] = _base(blend, "reference")["phases"]["build_other"] / b["datasets"]
     ref["save_byte"] = (_base(blend, "reference")["phases"]["save"] / blend["outputs"]["bytes"])
     ref["blend_sample"] = _base(kernel, "reference")["phases"]["blend"] / kernel["params"]["samples"]
@@ -193,7 +201,7 @@ def document(records: dict[str, dict], results: str) -> str:
         f"# Projection: building the cache for {_e(TOKENS)} tokens",
         "",
         f"<!-- written by `python -m benchmarks project` from {shown(results)}; rerun it after "
-        "`python -m benchmarks run --suite full` -->",
+        "`python -m benchmarks run --suite full` or `--suite scale` -->",
         "",
         f"The case: {_e(TOKENS)} tokens in {DATASETS} datasets (the benchmark's lognormal sizes: the largest holds "
         f"{t['largest_share']:.2%}), documents of {MEAN_LENGTH:.0f} tokens on average ({_e(t['documents'])}), "
@@ -202,7 +210,7 @@ def document(records: dict[str, dict], results: str) -> str:
         "",
         f"Constants are one rank's, measured on this machine ({machine['cpu']}, {machine['cpus_usable']} cores, "
         f"local ext4) from {_source(gpt)}, {_source(blend)} and {_source(kernel)}: medians at the smallest P, "
-        "divided by what each phase scales with.",
+        "divided by what each phase scales with (per rank, at that P).",
         "",
     ]
     small = sorted({r["factor"] for r in (gpt, blend, kernel) if r["factor"] < 1})
@@ -288,8 +296,12 @@ def document(records: dict[str, dict], results: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_projection(results: str, output: str, suite: str | None = None) -> None:
+def write_projection(results: str, output: str, suite: str | None = None, scale_results: str | None = None) -> None:
     records = latest_per_workload(load_records(results), suite, prefer_large=True)
+    if scale_results and os.path.exists(scale_results):
+        # the 1000-dataset build at its largest measured size
+        records.update(latest_per_workload([r for r in load_records(scale_results) if r["workload"] == "build_blend"],
+                                           prefer_large=True))
     missing = [w for w in ("build_gpt", "build_blend", "blend_kernel") if w not in records]
     if missing:
         raise SystemExit(f"{results}: no records of {', '.join(missing)}; run `python -m benchmarks run` first")

@@ -1,7 +1,8 @@
 """Plots and a markdown table from the results file alone, written next to it: ``speedup.png``
 (speed-up against P per workload, from wall time and from the busiest rank's CPU time),
 ``phases.png`` (each side's phases stacked, per P), ``vs_megatron.png`` (wall times against the
-reference) and ``TABLE.md``. Each workload's latest record is shown (of one suite if asked)."""
+reference) and ``TABLE.md``. Each workload's latest record is shown (of one suite if asked).
+``SCALE.md``: one workload measured at several sizes (the scale suite), with its fitted growth."""
 
 from __future__ import annotations
 
@@ -238,15 +239,20 @@ def readme_table(records: list[dict], results: str) -> str:
     return "\n".join(lines)
 
 
-def write_readme_table(records: list[dict], results: str, readme: str) -> None:
-    """Replace the marked block of ``readme`` with ``readme_table``."""
+def _replace_block(readme: str, start_marker: str, end_marker: str, block: str) -> None:
+    """Replace the block of ``readme`` from ``start_marker`` to ``end_marker`` (both included)."""
     with open(readme) as f:
         text = f.read()
-    start, end = text.find(README_START), text.find(README_END)
+    start, end = text.find(start_marker), text.find(end_marker)
     if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no '{README_START}' ... '{README_END}' block to replace")
+        raise SystemExit(f"{readme}: no '{start_marker}' ... '{end_marker}' block to replace")
     with open(readme, "w") as f:
-        f.write(text[:start] + readme_table(records, results) + text[end + len(README_END):])
+        f.write(text[:start] + block + text[end + len(end_marker):])
+
+
+def write_readme_table(records: list[dict], results: str, readme: str) -> None:
+    """Replace the marked block of ``readme`` with ``readme_table``."""
+    _replace_block(readme, README_START, README_END, readme_table(records, results))
 
 
 def write_report(results: str, suite: str | None = None, readme: str | None = None) -> list[str]:
@@ -261,5 +267,99 @@ def write_report(results: str, suite: str | None = None, readme: str | None = No
         f.write(table(records, results))
     if readme is not None:
         write_readme_table(records, results, readme)
+        paths.append(readme)
+    return [shown(p) for p in paths]
+
+
+# ------------------------------------------------------------------------------------------------
+# Scale: one workload at several sizes
+
+SCALE_START = "<!-- scale table: start -->"
+SCALE_END = "<!-- scale table: end -->"
+
+
+def scale_records(results: str, workload: str = "build_blend") -> list[dict]:
+    """The latest record of ``workload`` at each factor, smallest factor first."""
+    per_factor: dict[float, dict] = {}
+    for r in load_records(results):
+        if r["workload"] == workload:
+            per_factor[r["factor"]] = r
+    if len(per_factor) < 2:
+        raise SystemExit(f"{results}: {workload} measured at {len(per_factor)} size(s); growth needs two or more "
+                         "(`python -m benchmarks run --suite scale`)")
+    return [per_factor[f] for f in sorted(per_factor)]
+
+
+def growth(sizes: list[float], values: list[float]) -> tuple[float, float]:
+    """(last / first, b): the ratio between the largest and the smallest size, and the exponent
+    of the least-squares fit ``value = a * size**b`` in log-log."""
+    import numpy as np
+
+    x, y = np.log(sizes), np.log(values)
+    spread = float(((x - x.mean()) ** 2).sum())
+    b = float(((x - x.mean()) * (y - y.mean())).sum()) / spread if spread else float("nan")
+    return values[-1] / values[0], b
+
+
+def _sides(r: dict) -> list[tuple[str, dict]]:
+    return [("megatron-core", r["reference"]["median"])] + [(f"megacache P={p}", r["megacache"][str(p)]["median"])
+                                                            for p in _ranks(r)]
+
+
+def scale_table(records: list[dict], results: str) -> str:
+    """Time, phases and peak RSS per rank against the size, the fitted growth, and the issue's bars."""
+    first, last = records[0], records[-1]
+    ranks = _ranks(last)
+    sizes = [r["params"]["tokens"] for r in records]
+    lines = [
+        SCALE_START,
+        f"<!-- written by `python -m benchmarks scale-report` from {shown(results)}; edits here are overwritten -->",
+        "",
+        f"`{first['workload']}` at {len(records)} sizes (measured {first['time']} to {last['time']}, "
+        f"{first['machine']['cpus_usable']} cores, {first['machine']['ram_gib']:.0f} GiB): wall time from outside "
+        "(medians of the repeats), the largest rank's peak RSS, megacache against megatron-core in the same run; "
+        "outputs byte-identical at every size.",
+        "",
+        "| factor | datasets | documents | tokens | blend samples | megatron-core | "
+        + " | ".join(f"megacache P = {p}" for p in ranks) + " |",
+        "|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ranks),
+    ]
+    for r in records:
+        p, ref = r["params"], r["reference"]["median"]
+        blend = r["outputs"]["arrays"].get("dataset_index", {}).get("elements", 0)
+        cells = []
+        for q in ranks:
+            s = r["megacache"][str(q)]["median"]
+            cells.append(f"{s['wall_s']:.1f} s ({s['vs_reference']['speedup_wall']:.1f}x), "
+                         f"{s['rss_max_kb'] / 2**20:.2f} GiB")
+        lines.append(f"| {r['factor']:g} | {p['datasets']:,} | {p['documents']:.3g} | {p['tokens']:.3g} | {blend:.3g} | "
+                     f"{ref['wall_s']:.1f} s, {ref['rss_max_kb'] / 2**20:.2f} GiB | " + " | ".join(cells) + " |")
+    lines += ["", f"Growth from factor {first['factor']:g} to {last['factor']:g} ({sizes[-1] / sizes[0]:.1f}x the "
+                  "tokens): ratio of the largest to the smallest, and b of the fit value = a · tokens^b.", "",
+              "| side | time ratio | time b | RSS ratio | RSS b |", "|---|---:|---:|---:|---:|"]
+    for k, (label, _) in enumerate(_sides(last)):
+        walls = [_sides(r)[k][1]["wall_s"] for r in records]
+        rss = [_sides(r)[k][1]["rss_max_kb"] for r in records]
+        (tr, tb), (rr, rb) = growth(sizes, walls), growth(sizes, rss)
+        lines.append(f"| {label} | {tr:.2f}x | {tb:.2f} | {rr:.2f}x | {rb:.2f} |")
+    lines += ["", "Phases (median seconds) at each size:", ""]
+    for r in records:
+        for label, side in _sides(r):
+            phases = ", ".join(f"{k} {v:.2f}" for k, v in side["phases"].items())
+            lines.append(f"- factor {r['factor']:g}, {label}: {phases}")
+    lines.append(SCALE_END)
+    return "\n".join(lines)
+
+
+def write_scale_report(results: str, readme: str | None = None) -> list[str]:
+    """``SCALE.md`` next to ``results`` (and the README's scale block); returns the paths."""
+    records = scale_records(results)
+    text = scale_table(records, results)
+    path = os.path.join(os.path.dirname(os.path.abspath(results)), "SCALE.md")
+    with open(path, "w") as f:
+        f.write("# Scale\n\n" + text + "\n")
+    paths = [path]
+    if readme is not None:
+        _replace_block(readme, SCALE_START, SCALE_END, text)
         paths.append(readme)
     return [shown(p) for p in paths]

@@ -47,14 +47,34 @@ def _release(path: str) -> None:
     (``recently_deleted()`` in fs/ext4/ialloc.c), so each file created shortly after deleting
     12,000 costs O(12,000): the side measured after such a delete paid seconds for the harness's
     own clean-up (perf: ``find_inode_bit``/``recently_deleted`` the top kernel symbols). Every run
-    writes into a new directory, so no run follows a mass delete."""
+    writes into a new directory, and work directories are deleted when the whole run ends, so no
+    run follows a mass delete."""
     with os.scandir(path) as entries:
         many = sum(1 for _ in entries) >= MANY_FILES
     if not many:
         shutil.rmtree(path)
 
 
-def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: int) -> dict:
+def warm_up(name: str) -> None:
+    """Run megacache once on the smoke-sized case of workload ``name``, unmeasured: numba compiles
+    a kernel on its first call after a change and caches it, and that compile (seconds) belongs to
+    no measurement (megatron-core's helpers come prebuilt)."""
+    from .workloads import SUITES
+
+    work = tempfile.mkdtemp(prefix=f"megacache-warm-{name}-")
+    try:
+        smoke = SUITES["smoke"]
+        case = WORKLOADS[name](work, smoke, smoke.factor)
+        out = os.path.join(work, "out")
+        os.makedirs(out)
+        run_program(case.megacache(out), 1, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: int, leftovers: list[str]) -> dict:
+    """One workload at one factor; its work directory is appended to ``leftovers`` for the caller
+    to delete once nothing else is measured (see ``_release``)."""
     work = tempfile.mkdtemp(prefix=f"megacache-bench-{name}-")
     keep = False
     try:
@@ -82,7 +102,7 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
         raise BenchmarkFailure(f"{name}: {exc}\n(inputs and outputs kept in {work})") from None
     finally:
         if not keep:
-            shutil.rmtree(work, ignore_errors=True)
+            leftovers.append(work)
     rows = {p: summarize(runs) for p, runs in ours.items()}
     ref = summarize(reference)
     for p, s in scaling(rows).items():
@@ -102,19 +122,28 @@ def _progress(rep: int, side: str, run: dict) -> None:
           f"RSS {max(run['rss_kb']) / 2**20:5.2f} GiB/rank  ({phases})", flush=True)
 
 
-def run(suite_name: str, suite: Suite, factor: float, ranks: list[int], repeats: int, only: list[str],
+def run(suite_name: str, suite: Suite, factors: list[float], ranks: list[int], repeats: int, only: list[str],
         results: str) -> str:
-    """Every selected workload measured and appended to ``results``; returns the run's id."""
+    """Every selected workload measured at each factor (smallest first) and appended to
+    ``results``; returns the run's id."""
     run_id = time.strftime("%Y%m%dT%H%M%S")
     machine = machine_info()
-    for name in only:
-        t = time.perf_counter()
-        record = measure(name, suite, factor, ranks, repeats)
-        append_record(results, {"benchmark": "suite", "run_id": run_id, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                "suite": suite_name, "factor": factor, "ranks": ranks, "repeats": repeats,
-                                "seconds": time.perf_counter() - t, "machine": machine,
-                                "loadavg_after": list(os.getloadavg()), **record})
-        _summary(record)
+    leftovers: list[str] = []
+    try:
+        for name in only:
+            warm_up(name)
+            for factor in sorted(factors):
+                t = time.perf_counter()
+                record = measure(name, suite, factor, ranks, repeats, leftovers)
+                append_record(results, {"benchmark": "suite", "run_id": run_id,
+                                        "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "suite": suite_name,
+                                        "factor": factor, "ranks": ranks, "repeats": repeats,
+                                        "seconds": time.perf_counter() - t, "machine": machine,
+                                        "loadavg_after": list(os.getloadavg()), **record})
+                _summary(record)
+    finally:
+        for work in leftovers:
+            shutil.rmtree(work, ignore_errors=True)
     return run_id
 
 

@@ -40,6 +40,10 @@ class Suite:
     repeats: int
     blend_datasets: int = 1000
     tokenizer_documents: int = 20000  # the BPE's training text
+    #: sizes measured one after another (default: ``factor`` alone)
+    factors: tuple[float, ...] | None = None
+    #: the workloads it runs by default (None: all)
+    workloads: tuple[str, ...] | None = None
 
 
 SUITES = {
@@ -48,6 +52,10 @@ SUITES = {
     "quick": Suite(factor=0.01, ranks=(1, 2, 4, 8), repeats=1),
     # Exercises every code path in well under a minute (fewer datasets, a small tokenizer).
     "smoke": Suite(factor=2e-4, ranks=(1, 2), repeats=1, blend_datasets=20, tokenizer_documents=1000),
+    # The 1000-dataset build at 1, 3 and 10 times the size (5e11 tokens, 5e8 documents at
+    # 10): how time and memory grow with the corpus. About 10 minutes a repeat here; megatron-core
+    # needs about 11 GB at factor 10.
+    "scale": Suite(factor=10.0, ranks=(2,), repeats=1, factors=(1.0, 3.0, 10.0), workloads=("build_blend",)),
 }
 
 
