@@ -57,7 +57,7 @@ def pwrite_all(fd: int, data: Any, offset: int) -> None:
         done += os.pwrite(fd, view[done:], offset + done)
 
 
-#: a new file of at least this many bytes is written with O_DIRECT where the filesystem takes it
+#: writes of at least this many bytes go through O_DIRECT where the filesystem takes it
 DIRECT_MIN = 1 << 20
 #: O_DIRECT's alignment of memory, file offsets and lengths (a page covers every block size in use)
 DIRECT_ALIGN = 4096
@@ -76,66 +76,64 @@ def _stage() -> memoryview:
     return memoryview(stage)
 
 
-def write_new_file(path: str, pieces: list) -> None:
-    """Create (or truncate) ``path`` holding the concatenation of ``pieces`` (bytes or C-contiguous
-    arrays). A large file goes through O_DIRECT, staged in aligned blocks: a buffered write costs a
-    kernel copy into freshly allocated page-cache pages, the largest CPU cost of writing a cache on
-    some machines; a filesystem that refuses O_DIRECT (tmpfs, some network filesystems) gets a
-    buffered write. Durability is still the caller's fsync."""
-    views = [memoryview(np.ascontiguousarray(p) if isinstance(p, np.ndarray) else p).cast("B") for p in pieces]
-    size = sum(len(v) for v in views)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-    if size >= DIRECT_MIN and hasattr(os, "O_DIRECT"):
+def open_direct(path: str) -> int | None:
+    """A second, O_DIRECT descriptor for writing ``path``, or None where the filesystem refuses it."""
+    if not hasattr(os, "O_DIRECT"):
+        return None
+    try:
+        return os.open(path, os.O_WRONLY | os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            return None
+        raise
+
+
+def pwrite_mostly_direct(fd: int, direct_fd: int | None, data: Any, offset: int) -> None:
+    """``pwrite_all(fd, data, offset)``, the whole aligned blocks inside the range written through
+    ``direct_fd`` (O_DIRECT, staged in an aligned buffer). A buffered write costs a kernel copy into
+    freshly allocated page-cache pages: on a machine whose page cache is full, the largest CPU cost
+    of writing a cache. The partial blocks at either end stay buffered, so writers of adjacent
+    ranges (other ranks) never overlap a direct write. Durability is still the caller's fsync."""
+    view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+    end = offset + len(view)
+    first = -(-offset // DIRECT_ALIGN) * DIRECT_ALIGN
+    last = end // DIRECT_ALIGN * DIRECT_ALIGN
+    if direct_fd is None or last - first < DIRECT_MIN:
+        pwrite_all(fd, view, offset)
+        return
+    pwrite_all(fd, view[: first - offset], offset)
+    stage = _stage()
+    position = first
+    while position < last:
+        n = min(len(stage), last - position)
+        stage[:n] = view[position - offset : position - offset + n]
         try:
-            fd = os.open(path, flags | os.O_DIRECT, 0o666)
+            done = 0
+            while done < n:
+                done += os.pwrite(direct_fd, stage[done:n], position + done)
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
-        else:
-            try:
-                if _write_direct(fd, views, size):
-                    return
-            finally:
-                os.close(fd)
-    fd = os.open(path, flags, 0o666)
+            break  # the filesystem took the descriptor but not the write: the rest buffered
+        position += n
+    pwrite_all(fd, view[position - offset :], position)
+
+
+def write_new_file(path: str, pieces: list) -> None:
+    """Create (or truncate) ``path`` holding the concatenation of ``pieces`` (bytes or C-contiguous
+    arrays), large pieces mostly through O_DIRECT (``pwrite_mostly_direct``)."""
+    views = [memoryview(np.ascontiguousarray(p) if isinstance(p, np.ndarray) else p).cast("B") for p in pieces]
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    direct_fd = open_direct(path) if max(map(len, views), default=0) >= DIRECT_MIN else None
     try:
         offset = 0
-        for v in views:
-            pwrite_all(fd, v, offset)
-            offset += len(v)
+        for view in views:
+            pwrite_mostly_direct(fd, direct_fd, view, offset)
+            offset += len(view)
     finally:
         os.close(fd)
-
-
-def _write_direct(fd: int, views: list[memoryview], size: int) -> bool:
-    """The pieces through the staging buffer, whole aligned blocks each time, the last one padded
-    and the file then cut to ``size``. False (nothing useful written) if the filesystem refuses."""
-    stage = _stage()
-    offset = 0  # file offset of the staged bytes
-    fill = 0
-    pending = list(views)
-    while pending or fill:
-        while pending and fill < len(stage):
-            v = pending[0]
-            n = min(len(v), len(stage) - fill)
-            stage[fill : fill + n] = v[:n]
-            fill += n
-            pending[0] = v[n:]
-            if not len(pending[0]):
-                pending.pop(0)
-        length = -(-fill // DIRECT_ALIGN) * DIRECT_ALIGN
-        done = 0
-        while done < length:
-            try:
-                done += os.pwrite(fd, stage[done:length], offset + done)
-            except OSError as exc:
-                if exc.errno == errno.EINVAL and offset == 0 and done == 0:
-                    return False
-                raise
-        offset += fill
-        fill = 0
-    os.ftruncate(fd, size)
-    return True
+        if direct_fd is not None:
+            os.close(direct_fd)
 
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> np.ndarray:

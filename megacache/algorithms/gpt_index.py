@@ -11,10 +11,10 @@ M = E·D the document-index length, n the number of samples (the sample index ha
   of the document index. Sample k starts at stream position k·L, so with S[i] the number of tokens
   in positions < i, row k is the *smallest* i with S[i+1] >= k·L + x and off = k·L - S[i]. Rows
   past the last token (only without drop_last) read (M-1, len(M-1) - x). So no row depends on the
-  previous one: ``sample_index_rows`` computes any row range from a window of S (a
-  ``searchsorted`` to its first row, then a merge forward), ``document_token_ends`` computes a
-  window of S from a slice of the document index and the tokens before it (a builder exscans the
-  per-slice totals), and ``sample_rows_in_slice`` says which rows a slice of positions owns.
+  previous one: ``sample_index_rows`` computes any row range from a window of the document index
+  and the tokens before it (a walk that keeps S running, no array of it), ``slice_tokens`` gives a
+  window's tokens (a builder exscans the per-slice totals), and ``sample_rows_in_slice`` says
+  which rows a slice of positions owns.
   ``sample_index_reference`` is Megatron's sequential walk, kept as the reference.
 * Shuffle index: ``arange(n)`` shuffled (two ranges when the final epoch is separated), continuing
   the RNG after the document index.
@@ -321,28 +321,18 @@ def _length_stats(lengths, first):
 # Sample index
 
 
-def document_token_ends(
-    sizes: np.ndarray, document_index: np.ndarray, start: int = 0, out: np.ndarray | None = None,
-    first: int = 0,
-) -> np.ndarray:
-    """Prefix sums along a slice of the document index: ``S[p0+1 … p1]`` for the slice
-    ``document_index[p0:p1]``, given ``start = S[p0]``, the tokens in all positions before it.
-    ``sizes`` holds the lengths of sequences ``first…`` (a split's own, say)."""
-    if out is None:
-        out = np.empty(len(document_index), dtype=np.int64)
-    elif out.shape != (len(document_index),) or out.dtype != np.int64:
-        raise ValueError(f"out must be int64[{len(document_index)}], got {out.dtype}{list(out.shape)}")
-    _token_ends(np.asarray(sizes), np.asarray(document_index), np.int64(start), np.int64(first),
-                out.view(np.ndarray))
-    return out
+def slice_tokens(sizes: np.ndarray, document_index: np.ndarray, first: int = 0) -> int:
+    """The tokens of the documents in a slice of the document index; ``sizes`` holds the
+    lengths of sequences ``first…`` (a split's own, say)."""
+    return int(_slice_tokens(np.asarray(sizes), np.asarray(document_index), np.int64(first)))
 
 
 @numba.njit(cache=True, nogil=True)
-def _token_ends(sizes, document_index, start, first, out):
-    total = start
+def _slice_tokens(sizes, document_index, first):
+    total = 0
     for p in range(document_index.shape[0]):
         total += sizes[document_index[p] - first]
-        out[p] = total
+    return total
 
 
 def sample_rows_in_slice(
@@ -351,7 +341,7 @@ def sample_rows_in_slice(
     """The rows ``[k0, k1)`` that document-index positions ``[p0, p1)`` own, given ``start = S[p0]``
     and ``end = S[p1]``. A row is owned by the position it records (row 0 by position 0, the rows
     past the last token by M-1), so slices that partition ``[0, M)`` partition the rows, and each
-    slice computes its rows with ``sample_index_rows`` from its own ``document_token_ends``."""
+    slice computes its rows with ``sample_index_rows`` from its own window and ``slice_tokens``."""
     if stop_position == plan.document_index_length:
         return _first_row_at(plan, first_position, start), plan.num_samples + 1
     return _first_row_at(plan, first_position, start), _first_row_at(plan, stop_position, end)
@@ -370,24 +360,27 @@ def _first_row_at(plan: GPTIndexPlan, position: int, tokens_before: int) -> int:
 
 def sample_index_rows(
     plan: GPTIndexPlan,
-    ends: np.ndarray,
+    sizes: np.ndarray,
+    document_index: np.ndarray,
     start: int,
     first_position: int,
     k0: int,
     k1: int,
+    first: int = 0,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Rows ``[k0, k1)`` of the sample index, from a window of the prefix sums.
+    """Rows ``[k0, k1)`` of the sample index, from a window of the document index.
 
-    ``ends`` = ``document_token_ends`` of document-index positions ``[first_position, first_position
-    + len(ends))`` and ``start`` = the tokens before ``first_position``. The window must hold every
-    row's document. Work: one bisection of the window, then a merge over the rows and the
-    positions they span. Any row partition gives the serial result.
+    ``document_index`` = positions ``[first_position, first_position + len)``, ``start`` = the tokens
+    before ``first_position``, ``sizes`` the lengths of sequences ``first…``. The window must hold
+    every row's document. Work: one walk from the window's start over the positions up to the last
+    row's (no prefix-sum array). Any row partition gives the serial result.
     """
     L, x, M = plan.sequence_length, plan.add_extra_token, plan.document_index_length
     if not 0 <= k0 <= k1 <= plan.num_samples + 1:
         raise ValueError(f"rows [{k0}, {k1}) are outside [0, {plan.num_samples + 1})")
-    window_stop = first_position + len(ends)
+    document_index = np.asarray(document_index)
+    window_stop = first_position + len(document_index)
     if out is None:
         out = np.empty((k1 - k0, 2), dtype=plan.sample_index_dtype)
     elif out.shape != (k1 - k0, 2) or out.dtype != plan.sample_index_dtype:
@@ -401,53 +394,43 @@ def sample_index_rows(
         return out
     if first_position > 0 and first_k * L + x <= start:
         raise ValueError(f"row {first_k} starts before the window at position {first_position}")
-    # Rows up to the window's last token; the rest lie past the end of the data.
-    found_stop = min(k1, max(first_k, (int(ends[-1]) - x) // L + 1)) if len(ends) else first_k
-    found = found_stop - first_k
     rows = out[first_k - k0 :]
-    if found:
-        lo = int(np.searchsorted(ends, first_k * L + x, side="left"))
-        _rows_from_ends(
-            np.asarray(ends), np.int64(start), np.int64(first_position), lo, first_k, L, x,
-            rows[:found].view(np.ndarray),
-        )
-    if found_stop < k1:
+    found = _rows_from_lengths(np.asarray(sizes), document_index, np.int64(first), np.int64(start),
+                               np.int64(first_position), first_k, L, x, rows.view(np.ndarray))
+    if found < len(rows):
         # Past the window: only legal past the last token, where Megatron records (M-1, len - x).
-        if window_stop != M or len(ends) == 0:
+        if window_stop != M or len(document_index) == 0:
             raise ValueError(
-                f"row {found_stop} lies beyond the window ending at position {window_stop} of {M}"
+                f"row {first_k + found} lies beyond the window ending at position {window_stop} of {M}"
             )
-        last_length = ends[-1] - (ends[-2] if len(ends) > 1 else start)
+        last_length = int(sizes[document_index[-1] - first])
         rows[found:, 0] = M - 1
         rows[found:, 1] = last_length - x
         _check_int32_offsets(plan, last_length - x)
     return out
 
 
-#: prefix sums compared per step of the row merge (a sample spans a few documents)
-_STRIDE = 8
-
-
 @numba.njit(cache=True, nogil=True)
-def _rows_from_ends(ends, start, first_position, j, first_k, L, x, rows):
-    # Merge the ascending row targets k·L + x into the ascending prefix sums, from position j on.
-    # Each step counts the sums below the target among the next _STRIDE (clamped to the last,
-    # which every row found here reaches): a vectorised count, where a compare per position
-    # mispredicts a branch at every row.
-    last = ends.shape[0] - 1
+def _rows_from_lengths(sizes, document_index, first, start, first_position, first_k, L, x, rows):
+    # Merge the ascending row targets k·L + x into the running token count: row k is at the
+    # first position whose tokens reach its target. Returns the rows found inside the window.
+    total = start  # tokens before position j
+    j = 0
+    n = document_index.shape[0]
     for r in range(rows.shape[0]):
         k = first_k + r
         target = k * L + x
-        while True:
-            below = 0
-            for q in range(_STRIDE):
-                below += ends[min(j + q, last)] < target
-            j += below
-            if below < _STRIDE:
+        while j < n:
+            reached = total + sizes[document_index[j] - first]
+            if reached >= target:
                 break
-        before = start if j == 0 else ends[j - 1]
+            total = reached
+            j += 1
+        if j == n:
+            return r
         rows[r, 0] = first_position + j
-        rows[r, 1] = k * L - before
+        rows[r, 1] = k * L - total
+    return rows.shape[0]
 
 
 def _check_int32_offsets(plan: GPTIndexPlan, offset: int) -> None:
@@ -464,10 +447,9 @@ def _check_int32_offsets(plan: GPTIndexPlan, offset: int) -> None:
 def build_sample_index(
     sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan, first: int = 0
 ) -> np.ndarray:
-    """The whole sample index, vectorised (the slice form over one slice); ``sizes`` holds the
-    lengths of sequences ``first…``."""
-    ends = document_token_ends(sizes, document_index, first=first)
-    return sample_index_rows(plan, ends, 0, 0, 0, plan.num_samples + 1)
+    """The whole sample index (the slice form over one slice); ``sizes`` holds the lengths of
+    sequences ``first…``."""
+    return sample_index_rows(plan, sizes, document_index, 0, 0, 0, plan.num_samples + 1, first)
 
 
 def sample_index_reference(sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan) -> np.ndarray:

@@ -5,8 +5,9 @@ by all ranks together; the GPTDataset entries by ``gpt``, the BlendedDataset ent
 Order of work, chosen so that nothing is wasted and nothing partial is visible:
 
 1. Plan: parse and check the data flags, open every prefix, plan every GPTDataset task
-   (``gpt.plan_tasks``) and every blend (sizes, weights as Megatron derives them), and ask rank 0
-   which entries exist already.
+   (``gpt.plan_tasks``, from the indices' headers and pointers) and every blend (sizes, weights as
+   Megatron derives them), and ask rank 0 which entries exist already (their lengths are read for
+   the drift check).
 2. Blends alongside the children: a blend needs only its weights and size (and, unweighted, its
    children's lengths, which the plan knows), so each rank computes its share on a background
    thread while it builds GPTDataset tasks (``gpt.GPTBuild``), which mostly wait on the filesystem.
@@ -40,8 +41,8 @@ from ..megatron.sequences import default_path, sequences_json
 from ..megatron.training import DEFAULT_SPLIT
 from ..megatron.versions import resolve
 from .blend import BLEND_BLOCK, BlendTask, Blending, plan_blends
-from .gpt import (GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, array_records, open_datasets,
-                  plan_tasks)
+from .gpt import (GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, array_records, measure_lengths,
+                  open_datasets, plan_tasks)
 from .publish import read_manifest, update_manifest
 
 #: the lock key of a cache directory
@@ -216,10 +217,10 @@ def drift(item, record: dict | None) -> list[str]:
             for key, value in expected.items() if record.get(key) != value]
 
 
-def _reuse(items: list, rebuild_stale: bool) -> list[bool]:
-    """Which entries exist and may be reused (rank 0). An existing entry that drifted is an error,
-    or (``rebuild_stale``) rebuilt."""
-    hits = existing([item.entry for item in items])
+def _reuse(items: list, present: list[bool], rebuild_stale: bool) -> list[bool]:
+    """Which of the entries present may be reused (rank 0). An existing entry that drifted is an
+    error, or (``rebuild_stale``) rebuilt."""
+    hits = list(present)
     manifests = {d: read_manifest(d) for d in {item.entry.directory for item, hit in zip(items, hits) if hit}}
     stale = []
     for n, (item, hit) in enumerate(zip(items, hits)):
@@ -242,7 +243,7 @@ def _reuse(items: list, rebuild_stale: bool) -> list[bool]:
 
 def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
     """The entries of ``cfg`` (identical on every rank of ``comm``; a ``SingleComm`` plans alone,
-    reading every sequence length itself, with no collective)."""
+    with no collective). Only the lengths of entries that exist already are read (their drift check)."""
     comm = comm or get_comm()
     version = resolve(cfg.megatron_version)
     settings = cfg.settings
@@ -258,7 +259,7 @@ def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
     datasets = open_datasets([r.data_path for r in requests], comm)
     if blend_specs:
         _check_dtypes(datasets)
-    tasks = plan_tasks(requests, settings, datasets, comm)
+    tasks = plan_tasks(requests, settings, datasets)
     planned = Plan(tasks, plan_blends(cfg, blend_specs, tasks), datasets, version)
     _decide_reuse(planned, cfg, comm)
     return planned
@@ -266,7 +267,12 @@ def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
 
 def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm) -> None:
     items = planned.items
-    hits = comm.on_root(lambda: _reuse(items, cfg.rebuild_stale), "looking for existing caches")
+    present = comm.on_root(lambda: existing([item.entry for item in items]), "looking for existing caches")
+    # The drift check compares what an entry was built from, its lengths' checksum included:
+    # the lengths of the entries found are read (collectively), no others.
+    found = [j for j, hit in zip(planned.gpt, present) if hit and j.length_checksum is None]
+    measure_lengths(found, planned.datasets, comm)
+    hits = comm.on_root(lambda: _reuse(items, present, cfg.rebuild_stale), "checking existing caches")
     for item, hit in zip(items, hits):
         item.reused = hit
 

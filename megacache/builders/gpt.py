@@ -4,11 +4,12 @@ A *request* is one GPTDataset family (a prefix, its split, samples per split); a
 of one request, i.e. one cache entry. A blend of 1000 prefixes is 1000 requests and up to 3000
 tasks, built by the same four steps as a single prefix:
 
-1. Plan (every rank, identically): the sequence ranges of every request are cut into intervals,
-   the intervals of all datasets are laid end to end and cut evenly over the ranks; each rank sums
-   tokens (and finds the longest sequence) in its share and an allgather gives every rank every
-   task's tokens per epoch, hence the same epochs, sample counts and dtypes, hence every file's
-   shape. Work per rank is O(sequences / P), whatever the number of datasets.
+1. Plan (every rank, identically, no collective): a split's tokens per epoch from three entries of
+   its index (``split_tokens``: the pointers span the split's sequences), hence the same epochs,
+   sample counts and dtypes, hence every file's shape. O(splits) per rank, whatever the corpus;
+   no lengths are read. Whoever reads a split's lengths later checks their sum (``check_tokens``)
+   and records their checksum for the drift check: a small task's owner, all ranks together for
+   the large ones (``measure_lengths``) and for entries found existing.
 2. Document index: one serial MT19937 Fisher–Yates per task, on the task's owner (tasks spread over
    ranks by cost, largest first). The RNG state it leaves
    is the shuffle index's starting state and the shuffle index's length is in the plan, so the
@@ -16,7 +17,7 @@ tasks, built by the same four steps as a single prefix:
 3. Sample index: a small task's owner computes it at once from the document index in memory and
    writes each array in one go (a blend of many small datasets is bound by per-file costs). The
    document indices of the large tasks are laid end to end and cut evenly over the ranks, so a
-   large dataset is shared by many ranks. Each rank computes token prefix sums over its pieces;
+   large dataset is shared by many ranks. Each rank computes the token totals of its pieces;
    the only piece that needs tokens from other ranks is its first (a task that started on an
    earlier rank), which one small allgather supplies. Each rank writes the rows its pieces own
    in place.
@@ -34,8 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms.gpt_index import (GPTIndexPlan, build_document_index, build_sample_index,
-                                    build_shuffle_index, document_token_ends, length_stats, sample_index_rows,
-                                    sample_rows_in_slice)
+                                    build_shuffle_index, length_stats, sample_index_rows, sample_rows_in_slice,
+                                    slice_tokens)
 from ..algorithms.permutation import MT19937
 from ..algorithms.splits import split_ranges
 from ..comm import Comm
@@ -104,9 +105,10 @@ class GPTTask:
     entry: CacheEntry
     plan: GPTIndexPlan
     split_range: tuple[int, int]
-    length_checksum: int                # of the split's sequence lengths (``length_stats``)
     settings: GPTSettings
     reused: bool = False
+    #: of the split's sequence lengths (``length_stats``): measured when the entry is found or built
+    length_checksum: int | None = None
 
     @property
     def marker(self) -> dict:
@@ -168,6 +170,28 @@ def open_datasets(prefixes, comm: Comm) -> dict[str, IndexedDataset]:
     return datasets
 
 
+def split_tokens(dataset: IndexedDataset, lo: int, hi: int) -> int:
+    """Tokens of sequences ``[lo, hi)`` from three entries of the index: the ``.bin`` holds the
+    sequences back to back, so their pointers span them. Whoever reads the lengths later
+    (``check_tokens``) confirms it; an index whose pointers and lengths disagree is an error."""
+    if hi <= lo:
+        return 0
+    span = int(dataset.sequence_pointers[hi - 1]) - int(dataset.sequence_pointers[lo])
+    return span // dataset.dtype.itemsize + int(dataset.sequence_lengths[hi - 1])
+
+
+def check_tokens(task: GPTTask, tokens: int, checksum: int) -> None:
+    """Record a task's length checksum once its lengths are read, and check their sum against
+    the plan's tokens (from the pointers)."""
+    if tokens != task.plan.tokens_per_epoch:
+        lo, hi = task.split_range
+        raise MegacacheError(
+            f"{task.data_path}.idx: the lengths of sequences [{lo}, {hi}) sum to {tokens:,} tokens but their "
+            f"pointers span {task.plan.tokens_per_epoch:,}: the index is inconsistent (megacache verify "
+            f"{task.data_path} locates it); re-create the dataset")
+    task.length_checksum = checksum
+
+
 def _length_stats_read(dataset: IndexedDataset, lo: int, hi: int) -> tuple[int, int, int]:
     """``length_stats`` of sequences ``[lo, hi)``, read in bounded blocks."""
     tokens = longest = checksum = 0
@@ -178,78 +202,65 @@ def _length_stats_read(dataset: IndexedDataset, lo: int, hi: int) -> tuple[int, 
     return tokens, longest, checksum
 
 
-def _interval_stats(datasets: dict[str, IndexedDataset], cuts: dict[str, list[int]],
-                    comm: Comm) -> dict[tuple[str, int], tuple[int, int, int]]:
-    """``(tokens, longest sequence, length checksum)`` of every interval ``[cuts[p][i], cuts[p][i+1])``, keyed by
-    ``(p, cuts[p][i])``. The intervals of all datasets, end to end, are cut evenly over ranks."""
-    keys, lows, highs = [], [], []
-    for prefix, c in cuts.items():
-        for lo, hi in zip(c[:-1], c[1:]):
-            keys.append((prefix, lo))
-            lows.append(lo)
-            highs.append(hi)
-    sizes = np.array(highs, dtype=np.int64) - np.array(lows, dtype=np.int64)
+def measure_lengths(tasks: list[GPTTask], datasets: dict[str, IndexedDataset], comm: Comm) -> None:
+    """Every task's lengths read once, collectively (the split ranges laid end to end and cut
+    evenly over the ranks, one allgather): its checksum recorded and its tokens checked. Every
+    rank calls it, with the same tasks (none is fine)."""
+    ranges = [(j.data_path, *j.split_range) for j in tasks]
+    sizes = np.array([hi - lo for _, lo, hi in ranges], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     g0, g1 = even_slice(int(starts[-1]), comm.rank, comm.size)
     mine = []
-    with comm.agreed("summing tokens per split"):
+    with comm.agreed("reading sequence lengths"):
         first = int(np.searchsorted(starts, g0, side="right")) - 1
-        for i in range(max(first, 0), len(keys)):
+        for i in range(max(first, 0), len(ranges)):
             if starts[i] >= g1:
                 break
             a, b = max(g0, int(starts[i])) - int(starts[i]), min(g1, int(starts[i + 1])) - int(starts[i])
-            if a >= b:
-                continue
-            mine.append((i, *_length_stats_read(datasets[keys[i][0]], lows[i] + a, lows[i] + b)))
-    stats = {key: (0, 0, 0) for key in keys}
+            if a < b:
+                prefix, lo, _ = ranges[i]
+                tokens, _, checksum = _length_stats_read(datasets[prefix], lo + a, lo + b)
+                mine.append((i, tokens, checksum))
+    totals = [[0, 0] for _ in tasks]
     for part in comm.allgather(mine):
-        for i, tokens, longest, checksum in part:
-            t, m, c = stats[keys[i]]
-            stats[keys[i]] = (t + tokens, max(m, longest), (c + checksum) % 2**64)
-    return stats
+        for i, tokens, checksum in part:
+            totals[i][0] += tokens
+            totals[i][1] = (totals[i][1] + checksum) % 2**64
+    with comm.agreed("checking sequence lengths"):
+        for task, (tokens, checksum) in zip(tasks, totals):
+            check_tokens(task, tokens, checksum)
 
 
-def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[str, IndexedDataset],
-              comm: Comm) -> list[GPTTask]:
-    """Every request's non-None splits as tasks with their plans (identical on every rank), in
-    request order then split order; whether each entry exists already is decided on rank 0."""
-    ranges = []
-    cuts: dict[str, set[int]] = {}
-    for r in requests:
-        n = len(datasets[r.data_path])
-        rr = split_ranges(list(r.bookends), n)
-        ranges.append(rr)
-        cuts.setdefault(r.data_path, {0, n}).update(x for rng in rr if rng is not None for x in rng)
-    sorted_cuts = {p: sorted(c) for p, c in cuts.items()}
-    stats = _interval_stats(datasets, sorted_cuts, comm)
-
+def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[str, IndexedDataset]) -> list[GPTTask]:
+    """Every request's non-None splits as tasks with their plans (identical on every rank, from the
+    datasets' headers and a few pointers each: no lengths are read), in request order then split
+    order; whether each entry exists already is decided on rank 0."""
     tasks = []
-    for k, (r, rr) in enumerate(zip(requests, ranges)):
-        c = sorted_cuts[r.data_path]
-        longest = max(stats[r.data_path, lo][1] for lo in c[:-1])
-        for i, (name, rng) in enumerate(zip(SPLIT_NAMES, rr)):
+    for k, r in enumerate(requests):
+        dataset = datasets[r.data_path]
+        for i, (name, rng) in enumerate(zip(SPLIT_NAMES, split_ranges(list(r.bookends), len(dataset)))):
             if rng is None:
                 continue
-            inside = [stats[r.data_path, lo] for lo in c[:-1] if rng[0] <= lo < rng[1]]
-            tokens = sum(t for t, _, _ in inside)
-            checksum = sum(k for _, _, k in inside) % 2**64
+            tokens = split_tokens(dataset, *rng)
             size = r.sizes[i]
             if tokens == 0 and size is not None and (size > 0 or settings.add_extra_token):
                 what = "empty" if rng[0] == rng[1] else "made of empty sequences"
                 raise MegacacheError(
-                    f"{r.data_path}: the {name} split is {what} ({r.split!r} of {len(datasets[r.data_path])} "
+                    f"{r.data_path}: the {name} split is {what} ({r.split!r} of {len(dataset)} "
                     f"sequences gives [{rng[0]}, {rng[1]})) but {size} samples are requested from it; "
                     f"megatron-core would loop forever. Change --split, or request no {name} samples")
             drop_last = settings.drop_last(name)
             try:
-                plan = GPTIndexPlan.from_counts(rng[1] - rng[0], tokens, longest, size, settings.seq_length,
+                # The longest sequence only matters above INT32_MAX tokens, which an int32 length
+                # cannot hold: 0 stands for it.
+                plan = GPTIndexPlan.from_counts(rng[1] - rng[0], tokens, 0, size, settings.seq_length,
                                                 int(settings.add_extra_token), drop_last)
             except MegacacheError as exc:
                 raise MegacacheError(f"{r.data_path}, {name} split: {exc}") from None
             ids = gpt_identifiers(r.data_path, plan.requested_samples, name, settings.seed, settings.seq_length,
                                   r.split, r.hashed_matrix, settings.tokenizer)
             tasks.append(GPTTask(len(tasks), k, name, r.data_path, CacheEntry(settings.cache_path(r.data_path), ids),
-                               plan, rng, checksum, settings))
+                                 plan, rng, settings))
     return tasks
 
 
@@ -287,7 +298,12 @@ class GPTBuild:
 
             enter("sample index")
             t = time.monotonic()
+            # A small task's owner read its lengths; a shared task's are read by all ranks.
+            measure_lengths(self.shared, self.datasets, self.comm)
             self._sample_index()
+            for part in self.comm.allgather({j.index: j.length_checksum for j in self.mine}):
+                for j in self.todo:
+                    j.length_checksum = part.get(j.index, j.length_checksum)
             phases["sample_index"] = time.monotonic() - t
 
             enter("shuffle index")
@@ -313,6 +329,8 @@ class GPTBuild:
             document_index = build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state)
             write_npy(self.tmp[task.index, "document_index.npy"], document_index)
             sizes = self.datasets[task.data_path].read_lengths(*task.split_range)
+            tokens, _, checksum = length_stats(sizes, task.split_range[0])
+            check_tokens(task, tokens, checksum)
             write_npy(self.tmp[task.index, "sample_index.npy"],
                       build_sample_index(sizes, document_index, p, task.split_range[0]))
         return pool.submit(self._shuffle_index, task, state)
@@ -366,25 +384,25 @@ class GPTBuild:
         with comm.agreed("summing tokens for the sample indices"):
             for task, p0, p1 in pieces:
                 document_index = load_npy(self.tmp[task.index, "document_index.npy"])[p0:p1]
-                sums.append(document_token_ends(self.datasets[task.data_path].sequence_lengths, document_index))
+                sums.append(slice_tokens(self.datasets[task.data_path].sequence_lengths, document_index))
         # Tokens before this rank's first piece: the pieces of the same task on lower ranks, each of
         # which is that rank's last piece.
-        last = (pieces[-1][0].index, int(sums[-1][-1]) if len(sums[-1]) else 0) if pieces else None
+        last = (pieces[-1][0].index, sums[-1]) if pieces else None
         before = 0
         for item in comm.allgather(last)[: comm.rank]:
             if item is not None and pieces and item[0] == pieces[0][0].index:
                 before += item[1]
         with comm.agreed("writing the sample indices"):
-            for n, ((task, p0, p1), ends) in enumerate(zip(pieces, sums)):
-                self._write_sample_rows(task, p0, p1, ends, before if n == 0 else 0)
+            for n, ((task, p0, p1), total) in enumerate(zip(pieces, sums)):
+                self._write_sample_rows(task, p0, p1, total, before if n == 0 else 0)
 
-    def _write_sample_rows(self, task: GPTTask, p0: int, p1: int, ends: np.ndarray, start: int) -> None:
+    def _write_sample_rows(self, task: GPTTask, p0: int, p1: int, total: int, start: int) -> None:
         plan = task.plan
-        total = int(ends[-1]) if len(ends) else 0
-        ends += start
         k0, k1 = sample_rows_in_slice(plan, p0, p1, start, start + total)
         if k1 > k0:
-            rows = sample_index_rows(plan, ends, start, p0, k0, k1)
+            document_index = load_npy(self.tmp[task.index, "document_index.npy"])[p0:p1]
+            rows = sample_index_rows(plan, self.datasets[task.data_path].sequence_lengths, document_index, start,
+                                     p0, k0, k1)
             with NpyWriter(self.tmp[task.index, "sample_index.npy"], plan.sample_index_dtype,
                            plan.sample_index_shape) as w:
                 w.write_rows(k0, rows)

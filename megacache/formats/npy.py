@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from ..errors import FormatError
-from ..fsio import pwrite_all, write_new_file, writing
+from ..fsio import DIRECT_MIN, open_direct, pwrite_all, pwrite_mostly_direct, write_new_file, writing
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -44,6 +44,8 @@ class NpyWriter:
         self.header_size = len(npy_header(self.dtype, self.shape))
         self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
         self.fd = os.open(path, os.O_WRONLY)
+        self._direct_fd: int | None = None  # O_DIRECT, opened by the first large write
+        self._direct_tried = False
 
     @staticmethod
     def create(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
@@ -63,10 +65,14 @@ class NpyWriter:
         if first < 0 or first + len(rows) > self.shape[0]:
             raise ValueError(f"{self.path}: rows {first}..{first + len(rows)} outside {self.shape[0]}")
         with writing(self.path):
-            pwrite_all(self.fd, rows, self.header_size + first * self.row_bytes)
+            if not self._direct_tried and rows.nbytes >= DIRECT_MIN:
+                self._direct_fd, self._direct_tried = open_direct(self.path), True
+            pwrite_mostly_direct(self.fd, self._direct_fd, rows, self.header_size + first * self.row_bytes)
 
     def close(self) -> None:
         os.close(self.fd)
+        if self._direct_fd is not None:
+            os.close(self._direct_fd)
 
     def __enter__(self) -> "NpyWriter":
         return self

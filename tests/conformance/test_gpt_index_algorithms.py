@@ -15,7 +15,6 @@ from megacache.algorithms.gpt_index import (
     build_gpt_indices,
     build_sample_index,
     build_shuffle_index,
-    document_token_ends,
     num_epochs,
     plan_epochs,
     sample_count,
@@ -23,6 +22,7 @@ from megacache.algorithms.gpt_index import (
     sample_index_reference,
     sample_index_rows,
     sample_rows_in_slice,
+    slice_tokens,
     shuffle_index_dtype,
 )
 from megacache.algorithms.permutation import MT19937, random_interval, shuffle
@@ -489,14 +489,13 @@ def test_sample_index_slices_equal_serial(tmp_path):
             continue
         M, rows = plan.document_index_length, plan.num_samples + 1
 
-        # Prefix sums per slice of the document index, offsets by an exscan of the slice totals.
+        # Tokens per slice of the document index, offsets by an exscan of the slice totals.
         bounds = random_partition(rng, M, int(rng.integers(1, 8)))
         slices = list(zip(bounds[:-1], bounds[1:]))
-        pieces = [np.take(sizes, document_index[a:b]).sum(dtype=np.int64) for a, b in slices]
-        starts = np.concatenate([[0], np.cumsum(pieces)[:-1]])
-        ends = [document_token_ends(sizes, document_index[a:b], s) for (a, b), s in zip(slices, starts)]
-        all_ends = np.concatenate(ends)
-        assert np.array_equal(all_ends, np.cumsum(sizes[document_index], dtype=np.int64))
+        pieces = [slice_tokens(sizes, document_index[a:b]) for a, b in slices]
+        assert pieces == [int(np.take(sizes, document_index[a:b]).sum(dtype=np.int64)) for a, b in slices]
+        starts = np.concatenate([[0], np.cumsum(pieces)[:-1]]).astype(np.int64)
+        all_ends = np.cumsum(sizes[document_index], dtype=np.int64)
 
         # A builder's way: each document slice computes the rows it owns.
         owned = [
@@ -507,19 +506,19 @@ def test_sample_index_slices_equal_serial(tmp_path):
         assert all(prev[1] == nxt[0] for prev, nxt in zip(owned, owned[1:]))
         # ... writing them in place into the preallocated output file.
         result = np.memmap(tmp_path / f"s{case}", dtype=plan.sample_index_dtype, mode="w+", shape=(rows, 2))
-        for (k0, k1), e, s, a in zip(owned, ends, starts, bounds[:-1]):
-            sample_index_rows(plan, e, int(s), int(a), k0, k1, out=result[k0:k1])
+        for (k0, k1), s, (a, b) in zip(owned, starts, slices):
+            sample_index_rows(plan, sizes, document_index[a:b], int(s), int(a), k0, k1, out=result[k0:k1])
         assert np.array_equal(result, serial)
 
         # Any row partition, from the whole prefix or from the smallest window holding its rows.
         row_bounds = random_partition(rng, rows, int(rng.integers(1, 10)))
         pieces = []
         for k0, k1 in zip(row_bounds[:-1], row_bounds[1:]):
-            whole = sample_index_rows(plan, all_ends, 0, 0, int(k0), int(k1))
+            whole = sample_index_rows(plan, sizes, document_index, 0, 0, int(k0), int(k1))
             if k1 > k0:
                 p0, p1 = int(serial[k0, 0]), int(serial[k1 - 1, 0]) + 1
                 before = int(all_ends[p0 - 1]) if p0 else 0
-                window = sample_index_rows(plan, all_ends[p0:p1], before, p0, int(k0), int(k1))
+                window = sample_index_rows(plan, sizes, document_index[p0:p1], before, p0, int(k0), int(k1))
                 assert_same_array(window, whole)
             pieces.append(whole)
         assert_same_array(np.concatenate(pieces), serial)
@@ -529,13 +528,15 @@ def test_sample_index_rows_outside_the_window_are_refused():
     sizes = np.array([5, 7, 3, 9], np.int32)
     document_index = np.arange(4, dtype=np.int32)
     plan = GPTIndexPlan.for_split(sizes, (0, 4), None, 4, 1, False)
-    ends = document_token_ends(sizes, document_index)
     with pytest.raises(ValueError, match="beyond the window"):
-        sample_index_rows(plan, ends[:2], 0, 0, 1, 5)
+        sample_index_rows(plan, sizes, document_index[:2], 0, 0, 1, 5)
     with pytest.raises(ValueError, match="before the window"):
-        sample_index_rows(plan, ends[2:], int(ends[1]), 2, 1, 3)
+        sample_index_rows(plan, sizes, document_index[2:], 12, 2, 1, 3)
     with pytest.raises(ValueError, match="outside"):
-        sample_index_rows(plan, ends, 0, 0, 0, plan.num_samples + 2)
+        sample_index_rows(plan, sizes, document_index, 0, 0, 0, plan.num_samples + 2)
+    # a split's own lengths (sequences from `first` on) give the same rows as the whole dataset's
+    assert_same_array(sample_index_rows(plan, sizes[1:], document_index[1:], 5, 1, 2, 5, first=1),
+                      sample_index_rows(plan, sizes, document_index, 0, 0, 2, 5))
 
 
 # ------------------------------------------------------------------------------------------------

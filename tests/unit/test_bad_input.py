@@ -199,6 +199,11 @@ CASES = [
          "{t}/d.idx: truncated: 60 bytes"),
     case("build-bin-shorter-than-index", lambda w: w.build("--data-path", w.damaged(".bin", cut=10)),
          "{t}/d.bin: truncated: ", "megacache verify {t}/d"),
+    # the plan takes a split's tokens from its pointers; reading the lengths catches the disagreement
+    case("build-split-pointers-disagree-with-lengths",
+         lambda w: w.build("--data-path", w.damaged(".idx", w.layout.pointers_offset + 8 * 580, i64(2))),
+         "{t}/d.idx: the lengths of sequences [0, 581) sum to", "but their pointers span",
+         "megacache verify {t}/d"),
     # --- blends and data flags ------------------------------------------------------------------
     *(case(f"build-weight-{name}", lambda w, v=v: w.build("--data-path", v, w.good, "1", w.dataset("b", np.uint16)),
            f"--data-path: the weight of '{{t}}/good' is {shown}; weights must be positive and finite")

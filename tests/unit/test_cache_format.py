@@ -7,7 +7,9 @@ from megacache.fsio import DIRECT_MIN, DIRECT_STAGE
 
 
 @pytest.mark.parametrize("dtype, shape", [(np.int32, (7, 2)), (np.int64, (0, 2)), (np.uint32, (13,)),
-                                          (np.int16, (100000,)), (np.int64, (3,))])
+                                          (np.int16, (100000,)), (np.int64, (3,)),
+                                          # slices large enough for O_DIRECT between unaligned ends
+                                          (np.int16, (3_000_001,)), (np.int32, (1_000_003, 2))])
 def test_npy_written_in_slices_equals_numpy_save(tmp_path, dtype, shape):
     rng = np.random.default_rng(0)
     arr = rng.integers(0, 1000, shape).astype(dtype)
