@@ -57,6 +57,8 @@ IN_MEMORY_BYTES = 16 << 20
 SHARED_FRACTION = 0.25
 #: sequence lengths read per block when summing them
 READ_BLOCK = 1 << 24
+#: threads that open datasets and read their split bounds (reads that wait on the filesystem)
+IO_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -160,24 +162,28 @@ def array_shapes(plan: GPTIndexPlan) -> dict[str, tuple[np.dtype, tuple]]:
 
 
 def open_datasets(prefixes, comm: Comm) -> dict[str, IndexedDataset]:
-    """Every distinct prefix opened (memory-mapped) on every rank; errors agreed collectively."""
-    datasets: dict[str, IndexedDataset] = {}
+    """Every distinct prefix opened (memory-mapped) on every rank; errors agreed collectively. On
+    threads: opening reads a few scattered index entries, latency-bound on a cold filesystem."""
     with comm.agreed("opening the datasets"):
-        for prefix in dict.fromkeys(prefixes):
-            datasets[prefix] = IndexedDataset(prefix)
-            if len(datasets[prefix]) == 0:
+        unique = list(dict.fromkeys(prefixes))
+        with ThreadPoolExecutor(max_workers=IO_THREADS) as pool:
+            datasets = dict(zip(unique, pool.map(IndexedDataset, unique)))
+        for prefix, dataset in datasets.items():
+            if len(dataset) == 0:
                 raise MegacacheError(f"{prefix}: the dataset has no sequences; there is nothing to sample")
     return datasets
 
 
-def split_tokens(dataset: IndexedDataset, lo: int, hi: int) -> int:
-    """Tokens of sequences ``[lo, hi)`` from three entries of the index: the ``.bin`` holds the
+def split_tokens(dataset: IndexedDataset, ranges: list[tuple[int, int]]) -> list[int]:
+    """Tokens of each sequence range from three entries of the index: the ``.bin`` holds the
     sequences back to back, so their pointers span them. Whoever reads the lengths later
     (``check_tokens``) confirms it; an index whose pointers and lengths disagree is an error."""
-    if hi <= lo:
-        return 0
-    span = int(dataset.sequence_pointers[hi - 1]) - int(dataset.sequence_pointers[lo])
-    return span // dataset.dtype.itemsize + int(dataset.sequence_lengths[hi - 1])
+    spans = iter(dataset.span_bytes([r for r in ranges if r[1] > r[0]]))
+    out = []
+    for lo, hi in ranges:
+        first, end = next(spans) if hi > lo else (0, 0)
+        out.append((end - first) // dataset.dtype.itemsize)
+    return out
 
 
 def check_tokens(task: GPTTask, tokens: int, checksum: int) -> None:
@@ -235,13 +241,20 @@ def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, datasets: dict
     """Every request's non-None splits as tasks with their plans (identical on every rank, from the
     datasets' headers and a few pointers each: no lengths are read), in request order then split
     order; whether each entry exists already is decided on rank 0."""
+    ranges = [split_ranges(list(r.bookends), len(datasets[r.data_path])) for r in requests]
+    wanted: dict[str, list] = {}
+    for r, rr in zip(requests, ranges):
+        wanted.setdefault(r.data_path, []).extend(rng for rng in rr if rng is not None)
+    with ThreadPoolExecutor(max_workers=IO_THREADS) as pool:
+        counted = pool.map(lambda p: split_tokens(datasets[p], wanted[p]), wanted)
+        tokens_of = {p: dict(zip(map(tuple, wanted[p]), n)) for p, n in zip(wanted, counted)}
     tasks = []
-    for k, r in enumerate(requests):
+    for k, (r, rr) in enumerate(zip(requests, ranges)):
         dataset = datasets[r.data_path]
-        for i, (name, rng) in enumerate(zip(SPLIT_NAMES, split_ranges(list(r.bookends), len(dataset)))):
+        for i, (name, rng) in enumerate(zip(SPLIT_NAMES, rr)):
             if rng is None:
                 continue
-            tokens = split_tokens(dataset, *rng)
+            tokens = tokens_of[r.data_path][tuple(rng)]
             size = r.sizes[i]
             if tokens == 0 and size is not None and (size > 0 or settings.add_extra_token):
                 what = "empty" if rng[0] == rng[1] else "made of empty sequences"

@@ -153,12 +153,32 @@ class IndexedDataset:
         except FileNotFoundError:
             raise FormatError(f"{binp}: token file not found (its index {idx_path(prefix)} exists)") from None
         if check_bin_size and lay.sequence_count:
-            end = int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * lay.dtype.itemsize
+            end = self.span_bytes([(lay.sequence_count - 1, lay.sequence_count)])[0][1]
             if self.bin_size < end:
                 raise FormatError(
                     f"{binp}: truncated: {self.bin_size} bytes, but its index {idx_path(prefix)} puts the last "
                     f"sequence's tokens up to byte {end}; re-create the dataset (megacache verify {prefix} "
                     f"locates the damage)")
+
+    def span_bytes(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """For each non-empty sequence range ``[lo, hi)``: the ``.bin`` bytes from its first
+        sequence's start to its last one's end, from three index entries read with pread (which
+        releases the GIL, so threads overlap the reads of many datasets; a memory map's page
+        fault would hold it)."""
+        lay = self.layout
+        out = []
+        fd = os.open(idx_path(self.prefix), os.O_RDONLY)
+        try:
+            for lo, hi in ranges:
+                if not 0 <= lo < hi <= len(self):
+                    raise ValueError(f"{self.prefix}: sequences [{lo}, {hi}) are not a non-empty range of [0, {len(self)}]")
+                first = int.from_bytes(os.pread(fd, 8, lay.pointers_offset + 8 * lo), "little", signed=True)
+                last = int.from_bytes(os.pread(fd, 8, lay.pointers_offset + 8 * (hi - 1)), "little", signed=True)
+                length = int.from_bytes(os.pread(fd, 4, lay.lengths_offset + 4 * (hi - 1)), "little", signed=True)
+                out.append((first, last + length * lay.dtype.itemsize))
+        finally:
+            os.close(fd)
+        return out
 
     def read_lengths(self, lo: int, hi: int) -> np.ndarray:
         """Sequence lengths ``[lo, hi)`` read into a new array: memory that is freed with it,
