@@ -2,10 +2,11 @@
 
 Run from the repository root::
 
-    python -m benchmarks run --suite quick|full|smoke [--ranks 1,2,4,8] [--factor F] [--repeats N]
+    python -m benchmarks run --suite quick|full|smoke|scale [--ranks 1,2,4,8] [--factor F ...] [--repeats N]
                              [--only WORKLOAD ...] [--results FILE]
     python -m benchmarks report [--results FILE] [--suite NAME] [--readme README.md]  # plots + TABLE.md (+ README table) from the file alone
-    python -m benchmarks project [--results FILE] [--output FILE]   # docs/benchmarks-projection.md
+    python -m benchmarks scale-report [--results FILE] [--readme README.md]  # SCALE.md: one workload against its size
+    python -m benchmarks project [--results FILE] [--scale-results FILE] [--output FILE]   # docs/benchmarks-projection.md
 
 Workloads (``workloads.py``; sizes scale by the factor, 1 = the issue's sizes): ``tokenize`` (generated
 text, a trained 32k BPE), ``build_gpt`` (one large synthetic dataset), ``build_blend`` (a

@@ -188,7 +188,7 @@ def _source(r: dict) -> str:
     return f"`{r['workload']}` ({r['suite']} suite, factor {r['factor']:g}, {r['time']})"
 
 
-def document(records: dict[str, dict], results: str) -> str:
+def document(records: dict[str, dict], sources: str) -> str:
     gpt, blend, kernel = records["build_gpt"], records["build_blend"], records["blend_kernel"]
     c = constants(gpt, blend, kernel)
     t = target()
@@ -200,7 +200,7 @@ def document(records: dict[str, dict], results: str) -> str:
     lines = [
         f"# Projection: building the cache for {_e(TOKENS)} tokens",
         "",
-        f"<!-- written by `python -m benchmarks project` from {shown(results)}; rerun it after "
+        f"<!-- written by `python -m benchmarks project` from {sources}; rerun it after "
         "`python -m benchmarks run --suite full` or `--suite scale` -->",
         "",
         f"The case: {_e(TOKENS)} tokens in {DATASETS} datasets (the benchmark's lognormal sizes: the largest holds "
@@ -223,9 +223,10 @@ def document(records: dict[str, dict], results: str) -> str:
         "",
         "| phase | scales as | measured constant |",
         "|---|---|---|",
-        f"| plan | every rank opens every dataset (serial per dataset) + reads lengths O(documents / P) "
+        f"| plan | every rank opens every dataset and reads three index entries per split (no lengths; "
+        f"O(datasets), not O(documents)) "
         f"| {ns(m['plan_dataset'])}/dataset, {ns(m['plan_document'])}/document |",
-        f"| document_index | per job on its owner: max(entries / P, largest job) | "
+        f"| document_index | per job on its owner, its lengths read there: max(entries / P, largest job) | "
         f"{ns(m['doc_dataset'])}/dataset, {ns(m['doc_entry'])}/entry |",
         f"| sample_index | large jobs cut evenly: O(samples / P); a small job's is part of its document_index "
         f"phase on its owner (in the blend build all are small, so this constant is the one dataset's) "
@@ -298,13 +299,15 @@ def document(records: dict[str, dict], results: str) -> str:
 
 def write_projection(results: str, output: str, suite: str | None = None, scale_results: str | None = None) -> None:
     records = latest_per_workload(load_records(results), suite, prefer_large=True)
+    sources = shown(results)
     if scale_results and os.path.exists(scale_results):
         # the 1000-dataset build at its largest measured size
         records.update(latest_per_workload([r for r in load_records(scale_results) if r["workload"] == "build_blend"],
                                            prefer_large=True))
+        sources += f" and {shown(scale_results)}"
     missing = [w for w in ("build_gpt", "build_blend", "blend_kernel") if w not in records]
     if missing:
         raise SystemExit(f"{results}: no records of {', '.join(missing)}; run `python -m benchmarks run` first")
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w") as f:
-        f.write(document(records, results))
+        f.write(document(records, sources))

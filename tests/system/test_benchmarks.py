@@ -39,10 +39,38 @@ def test_smoke_suite_writes_results_plots_table_and_projection(tmp_path):
     wall = kernel["megacache"]["2"]["median"]["wall_s"]
     assert f"| `blend_kernel` (smoke, factor 0.0002, 1 repeat(s)) |" in text and f"{wall:.1f} s (" in text
     projection = str(tmp_path / "projection.md")
-    proj = subprocess.run([sys.executable, "-m", "benchmarks", "project", "--results", results, "--output", projection],
+    proj = subprocess.run([sys.executable, "-m", "benchmarks", "project", "--results", results, "--scale-results", "",
+                           "--output", projection],
                           cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
     assert proj.returncode == 0, proj.stderr
     text = open(projection).read()
     # the table of phases has a column per rank count, and a total for each
     assert "| phase | P = 64 | P = 512 | P = 4096 |" in text, text
     assert re.search(r"Against it: P = 64: \d+x; P = 512: \d+x; P = 4096: \d+x\.", text), text
+
+
+def test_sizes_measured_in_one_run_give_the_scale_report(tmp_path):
+    """Several factors in one run (what the scale suite does at 1, 3 and 10): a record per factor,
+    SCALE.md with a row per size and the fitted growth, and the README's scale block rewritten."""
+    results = str(tmp_path / "scale.jsonl")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "smoke", "--only", "build_blend",
+                          "--ranks", "2", "--factor", "0.0002", "0.001", "--results", results],
+                         cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    records = [json.loads(line) for line in open(results)]
+    assert [(r["workload"], r["factor"]) for r in records] == [("build_blend", 0.0002), ("build_blend", 0.001)]
+    assert all(r["identical"] for r in records)
+    scale = open(tmp_path / "SCALE.md").read()
+    for r in records:
+        wall = r["megacache"]["2"]["median"]["wall_s"]
+        assert re.search(rf"\| {r['factor']:g} \| 20 \| .* \| {wall:.1f} s \(", scale), scale
+    assert re.search(r"\| megacache P=2 \| [0-9.]+x \| -?[0-9.]+ \| [0-9.]+x \| -?[0-9.]+ \|", scale), scale
+    readme = tmp_path / "README.md"
+    readme.write_text("a\n<!-- scale table: start -->\nold\n<!-- scale table: end -->\nb\n")
+    rep = subprocess.run([sys.executable, "-m", "benchmarks", "scale-report", "--results", results, "--readme",
+                          str(readme)], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    text = readme.read_text()
+    assert text.startswith("a\n<!-- scale table: start -->") and text.endswith("<!-- scale table: end -->\nb\n")
+    assert "old" not in text and "Growth from factor 0.0002 to 0.001" in text
