@@ -49,9 +49,14 @@ def tmp_path(path: str, tag: str) -> str:
     return os.path.join(d, f".{base}{TMP_MARK}-{tag}")
 
 
+def _bytes(data: Any) -> memoryview:
+    """Bytes or an array (made C-contiguous) as a flat byte view."""
+    return memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+
+
 def pwrite_all(fd: int, data: Any, offset: int) -> None:
     """Write all of ``data`` (bytes or a C-contiguous array) at ``offset``; pwrite may be short."""
-    view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+    view = _bytes(data)
     done = 0
     while done < len(view):
         done += os.pwrite(fd, view[done:], offset + done)
@@ -94,7 +99,7 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, data: Any, offset: int)
     freshly allocated page-cache pages: on a machine whose page cache is full, the largest CPU cost
     of writing a cache. The partial blocks at either end stay buffered, so writers of adjacent
     ranges (other ranks) never overlap a direct write. Durability is still the caller's fsync."""
-    view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data).cast("B")
+    view = _bytes(data)
     end = offset + len(view)
     first = -(-offset // DIRECT_ALIGN) * DIRECT_ALIGN
     last = end // DIRECT_ALIGN * DIRECT_ALIGN
@@ -122,7 +127,7 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, data: Any, offset: int)
 def write_new_file(path: str, pieces: list) -> None:
     """Create (or truncate) ``path`` holding the concatenation of ``pieces`` (bytes or C-contiguous
     arrays), large pieces mostly through O_DIRECT (``pwrite_mostly_direct``)."""
-    views = [memoryview(np.ascontiguousarray(p) if isinstance(p, np.ndarray) else p).cast("B") for p in pieces]
+    views = [_bytes(p) for p in pieces]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     direct_fd = open_direct(path) if max(map(len, views), default=0) >= DIRECT_MIN else None
     try:

@@ -47,7 +47,7 @@ from .publish import publish_entries
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import NpyWriter, load_npy, write_npy
 from ..fsio import remove_quietly, sync_filesystems, tmp_path
-from .scheduling import even_slice, largest_first
+from .scheduling import even_pieces, largest_first
 
 UINT32_MAX = 2**32 - 1
 #: arrays one rank computes whole are built in memory up to this size, else in a memory map
@@ -198,35 +198,24 @@ def check_tokens(task: GPTTask, tokens: int, checksum: int) -> None:
     task.length_checksum = checksum
 
 
-def _length_stats_read(dataset: IndexedDataset, lo: int, hi: int) -> tuple[int, int, int]:
-    """``length_stats`` of sequences ``[lo, hi)``, read in bounded blocks."""
-    tokens = longest = checksum = 0
+def _length_stats_read(dataset: IndexedDataset, lo: int, hi: int) -> tuple[int, int]:
+    """``(tokens, checksum)`` of sequences ``[lo, hi)`` (``length_stats``), read in bounded blocks."""
+    tokens = checksum = 0
     for a in range(lo, hi, READ_BLOCK):
-        b = min(hi, a + READ_BLOCK)
-        t, m, c = length_stats(dataset.read_lengths(a, b), a)
-        tokens, longest, checksum = tokens + t, max(longest, m), (checksum + c) % 2**64
-    return tokens, longest, checksum
+        t, _, c = length_stats(dataset.read_lengths(a, min(hi, a + READ_BLOCK)), a)
+        tokens, checksum = tokens + t, (checksum + c) % 2**64
+    return tokens, checksum
 
 
 def measure_lengths(tasks: list[GPTTask], datasets: dict[str, IndexedDataset], comm: Comm) -> None:
     """Every task's lengths read once, collectively (the split ranges laid end to end and cut
     evenly over the ranks, one allgather): its checksum recorded and its tokens checked. Every
     rank calls it, with the same tasks (none is fine)."""
-    ranges = [(j.data_path, *j.split_range) for j in tasks]
-    sizes = np.array([hi - lo for _, lo, hi in ranges], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)])
-    g0, g1 = even_slice(int(starts[-1]), comm.rank, comm.size)
     mine = []
     with comm.agreed("reading sequence lengths"):
-        first = int(np.searchsorted(starts, g0, side="right")) - 1
-        for i in range(max(first, 0), len(ranges)):
-            if starts[i] >= g1:
-                break
-            a, b = max(g0, int(starts[i])) - int(starts[i]), min(g1, int(starts[i + 1])) - int(starts[i])
-            if a < b:
-                prefix, lo, _ = ranges[i]
-                tokens, _, checksum = _length_stats_read(datasets[prefix], lo + a, lo + b)
-                mine.append((i, tokens, checksum))
+        for i, a, b in even_pieces([hi - lo for lo, hi in (j.split_range for j in tasks)], comm.rank, comm.size):
+            lo = tasks[i].split_range[0]
+            mine.append((i, *_length_stats_read(datasets[tasks[i].data_path], lo + a, lo + b)))
     totals = [[0, 0] for _ in tasks]
     for part in comm.allgather(mine):
         for i, tokens, checksum in part:
@@ -372,20 +361,16 @@ class GPTBuild:
 
     def _pieces(self) -> list[tuple[GPTTask, int, int]]:
         """This rank's ``(task, p0, p1)`` pieces of the shared tasks' document indices laid end to end."""
-        lengths = np.array([j.plan.document_index_length for j in self.shared], dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(lengths)])
-        total = int(starts[-1])
-        g0, g1 = even_slice(total, self.comm.rank, self.comm.size)
-        bounds = np.arange(self.comm.size, dtype=np.int64) * total // self.comm.size  # every rank's even_slice start
-        pieces = []
-        for task, s, n in zip(self.shared, starts.tolist(), lengths.tolist()):
-            if n == 0:
-                # An empty document index still has its one sample-index row: exactly one rank writes it.
-                if int(np.searchsorted(bounds, s, side="right")) - 1 == self.comm.rank:
-                    pieces.append((task, 0, 0))
-            elif s < g1 and s + n > g0:
-                pieces.append((task, max(g0, s) - s, min(g1, s + n) - s))
-        return pieces
+        lengths = [j.plan.document_index_length for j in self.shared]
+        mine = {i: (a, b) for i, a, b in even_pieces(lengths, self.comm.rank, self.comm.size)}
+        # An empty document index still has its one sample-index row: the rank whose share starts
+        # at or before its position writes it.
+        starts = np.cumsum([0, *lengths[:-1]])
+        bounds = np.arange(self.comm.size, dtype=np.int64) * sum(lengths) // self.comm.size  # even_slice starts
+        for i, (s, n) in enumerate(zip(starts.tolist(), lengths)):
+            if n == 0 and int(np.searchsorted(bounds, s, side="right")) - 1 == self.comm.rank:
+                mine[i] = (0, 0)
+        return [(self.shared[i], a, b) for i, (a, b) in sorted(mine.items())]
 
     def _sample_index(self) -> None:
         # Collectives never sit behind fallible local work: a rank that failed would skip them and

@@ -35,3 +35,18 @@ def largest_first(costs, ranks: int) -> list[int]:
 def even_slice(length: int, rank: int, ranks: int) -> tuple[int, int]:
     """Rank ``rank``'s contiguous share of ``range(length)``."""
     return rank * length // ranks, (rank + 1) * length // ranks
+
+
+def even_pieces(lengths, rank: int, ranks: int) -> list[tuple[int, int, int]]:
+    """Rank ``rank``'s share of items laid end to end and cut evenly (``even_slice`` of their total):
+    ``(item, lo, hi)`` for each item it holds part of, ``0 <= lo < hi <= length``, in item order."""
+    starts = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))]).tolist()
+    g0, g1 = even_slice(starts[-1], rank, ranks)
+    pieces = []
+    for i in range(max(int(np.searchsorted(starts, g0, side="right")) - 1, 0), len(starts) - 1):
+        if starts[i] >= g1:
+            break
+        lo, hi = max(g0, starts[i]) - starts[i], min(g1, starts[i + 1]) - starts[i]
+        if lo < hi:
+            pieces.append((i, lo, hi))
+    return pieces

@@ -130,6 +130,16 @@ def _layout_of(f, path: str) -> IndexLayout:
     return layout
 
 
+def _spans(fd: int, lay: IndexLayout, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``IndexedDataset.span_bytes`` on an open ``.idx`` descriptor."""
+    def entry(offset: int, size: int) -> int:
+        return int.from_bytes(os.pread(fd, size, offset), "little", signed=True)
+
+    return [(entry(lay.pointers_offset + 8 * lo, 8),
+             entry(lay.pointers_offset + 8 * (hi - 1), 8) + entry(lay.lengths_offset + 4 * (hi - 1), 4) * lay.dtype.itemsize)
+            for lo, hi in ranges]
+
+
 class IndexedDataset:
     """Read-only view of a ``.bin/.idx`` pair through memory maps (nothing is loaded eagerly).
 
@@ -144,6 +154,7 @@ class IndexedDataset:
         with _open_index(idx_path(prefix)) as f:
             self.layout = lay = _layout_of(f, idx_path(prefix))
             idx = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+            last = _spans(f.fileno(), lay, [(lay.sequence_count - 1, lay.sequence_count)]) if lay.sequence_count else []
         self.sequence_lengths = idx[lay.lengths_offset : lay.pointers_offset].view(np.int32)
         self.sequence_pointers = idx[lay.pointers_offset : lay.documents_offset].view(np.int64)
         self.document_indices = idx[lay.documents_offset : lay.idx_size].view(np.int64)
@@ -152,8 +163,8 @@ class IndexedDataset:
             self.bin_size = os.stat(binp).st_size
         except FileNotFoundError:
             raise FormatError(f"{binp}: token file not found (its index {idx_path(prefix)} exists)") from None
-        if check_bin_size and lay.sequence_count:
-            end = self.span_bytes([(lay.sequence_count - 1, lay.sequence_count)])[0][1]
+        if check_bin_size and last:
+            end = last[0][1]
             if self.bin_size < end:
                 raise FormatError(
                     f"{binp}: truncated: {self.bin_size} bytes, but its index {idx_path(prefix)} puts the last "
@@ -165,20 +176,14 @@ class IndexedDataset:
         sequence's start to its last one's end, from three index entries read with pread (which
         releases the GIL, so threads overlap the reads of many datasets; a memory map's page
         fault would hold it)."""
-        lay = self.layout
-        out = []
+        for lo, hi in ranges:
+            if not 0 <= lo < hi <= len(self):
+                raise ValueError(f"{self.prefix}: sequences [{lo}, {hi}) are not a non-empty range of [0, {len(self)}]")
         fd = os.open(idx_path(self.prefix), os.O_RDONLY)
         try:
-            for lo, hi in ranges:
-                if not 0 <= lo < hi <= len(self):
-                    raise ValueError(f"{self.prefix}: sequences [{lo}, {hi}) are not a non-empty range of [0, {len(self)}]")
-                first = int.from_bytes(os.pread(fd, 8, lay.pointers_offset + 8 * lo), "little", signed=True)
-                last = int.from_bytes(os.pread(fd, 8, lay.pointers_offset + 8 * (hi - 1)), "little", signed=True)
-                length = int.from_bytes(os.pread(fd, 4, lay.lengths_offset + 4 * (hi - 1)), "little", signed=True)
-                out.append((first, last + length * lay.dtype.itemsize))
+            return _spans(fd, self.layout, ranges)
         finally:
             os.close(fd)
-        return out
 
     def read_lengths(self, lo: int, hi: int) -> np.ndarray:
         """Sequence lengths ``[lo, hi)`` read into a new array: memory that is freed with it,
