@@ -16,18 +16,17 @@ The fast kernel (used unless ``reference=True``) gives the same arrays with far 
   [c+1]*k + [c]*(n-k) in index order (always true when starting from zero) they keep that shape,
   the slot's error is ``w·t - c`` and its next pick is member k. So equal weights cost O(1) per
   step whatever their number.
-* Windows of K steps: at most K slots are picked in K steps, so among any K+1 slots one keeps its
-  error all window long, and the maximum error never drops below that slot's (rising) error. With
-  Q = the slots whose error at the window start is >= tau (|Q| > K), the maximum at step i of the
-  window is >= min over Q of (E_q + w_q·i), a concave function of i that lies above its chord. A
-  slot that stays below the chord for the whole window (check both ends: it is linear too) can
-  never win or tie, so each step scans only the few candidates, with vectorised passes. Floating
-  point errors are covered by a margin that only widens the candidate set.
+* Awake and asleep: errors spread over about one unit below the maximum, and a slot only gains
+  (at rate w) until it is picked. Below a *level* a little under the maximum, a slot cannot win
+  until its error reaches the level, at a step known in advance (rounded early, so rounding
+  never makes it late); it sleeps in a bucket queue until then. Each step scans only the awake
+  slots (a few dozen of a thousand), with vectorised passes: while one of them is at or above the
+  level, the maximum is theirs. When none is, the level drops and every slot is sorted afresh;
+  so it is, with the level raised, every few thousand steps.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -35,7 +34,6 @@ import numba
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ..errors import MegacacheError
@@ -50,12 +48,16 @@ _IMIN = np.int64(np.iinfo(np.int64).min)
 _IMAX = np.int64(np.iinfo(np.int64).max)
 _LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
 _NOCAND = np.int64(1) << 62  # sorts after every (dataset << 16 | position)
-# Relative size of the margin that covers rounding in the window bounds (generous: 2^-46).
-_MARGIN = 2.0**-46
+# Relative slack that covers rounding in a slot's wake step (generous: 2^-46).
+_SLACK = 2.0**-46
 # Up to this many datasets the plain loop is as fast as anything.
 _SCAN_DATASETS = 16
-# Count passes spent at most per window narrowing Q down.
-_BISECTIONS = 16
+# The level starts this far below the maximum error (errors spread over about one unit)...
+_SPREAD = 0.05
+# ... and is set again every this many steps.
+_REBUILD = 4096
+# The sleepers' queue: one bucket per step, this many (a power of two), used round and round.
+_BUCKETS = 4096
 
 
 @intrinsic
@@ -66,26 +68,6 @@ def _float_bits(typingctx, x):
     return types.int64(types.float64), codegen
 
 
-@intrinsic
-def _bits_float(typingctx, x):
-    def codegen(context, builder, sig, args):
-        return builder.bitcast(args[0], ir.DoubleType())
-
-    return types.float64(types.int64), codegen
-
-
-@intrinsic
-def _cttz(typingctx, x):
-    """Trailing zero bits of a non-zero int64 (one tzcnt)."""
-
-    def codegen(context, builder, sig, args):
-        fnty = ir.FunctionType(ir.IntType(64), [ir.IntType(64), ir.IntType(1)])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.cttz.i64")
-        return builder.call(fn, [args[0], ir.Constant(ir.IntType(1), 1)])
-
-    return types.int64(types.int64), codegen
-
-
 @numba.njit(cache=True, inline="always")
 def _key(x):
     """An int64 that orders like the float64 x (-0.0 never occurs here). Integer max/min
@@ -93,11 +75,6 @@ def _key(x):
     ``m = x if x > m else m``, a select that LLVM turns into vector max/min."""
     b = _float_bits(x)
     return b ^ ((b >> 63) & _LOW63)
-
-
-@numba.njit(cache=True, inline="always")
-def _unkey(k):
-    return _bits_float(k ^ ((k >> 63) & _LOW63))
 
 
 @numba.njit(cache=True, nogil=True)
@@ -122,159 +99,150 @@ def _scan_kernel(w, c, cap, start, out_idx, out_sidx):
 
 
 @numba.njit(cache=True, inline="always")
-def _candidates(w, E, dt, lo0, lo1, cslot):
-    """Slots that pass the window test, ascending, into ``cslot``; returns how many. Built as
-    64-slot bit masks (a vectorisable loop), then their set bits."""
-    nc = 0
-    for base in range(0, w.shape[0], 64):
-        Es = E[base : base + 64]
-        ws = w[base : base + 64]
-        mask = np.int64(0)
-        for j in range(Es.shape[0]):
-            e = Es[j]
-            mask |= np.int64((e >= lo0) | (e + ws[j] * dt >= lo1)) << j
-        while mask != 0:
-            cslot[nc] = base + _cttz(mask)
-            nc += 1
-            mask &= mask - 1
-    return nc
-
-
-@numba.njit(cache=True, inline="always")
-def _count_at_least(keys, lo):
-    cnt = 0
-    for g in range(keys.shape[0]):
-        cnt += keys[g] >= lo
-    return cnt
-
-
-@numba.njit(cache=True, inline="always")
-def _select(EK, need, mk, lo):
-    """A key threshold with at least ``need`` keys >= it (there are more than ``need``), and
-    preferably not more than 5/4 of that (fewer candidates): from the guess ``lo``, widen until
-    enough, then bisect."""
-    cnt = _count_at_least(EK, lo)
-    top = _unkey(mk)
-    gap = top - _unkey(lo)
-    if not gap > 0.0:
-        gap = 1.0 / EK.shape[0]
-    while cnt < need:
-        gap *= 2.0
-        lo = _key(top - gap)
-        cnt = _count_at_least(EK, lo)
-    hi = mk + 1
-    for _ in range(_BISECTIONS):
-        mid = (lo >> 1) + (hi >> 1) + (lo & hi & 1)  # no overflow, whatever the signs
-        if 4 * cnt <= 5 * need or mid == lo:
-            break
-        m = _count_at_least(EK, mid)
-        if m >= need:
-            lo = mid
-            cnt = m
-        else:
-            hi = mid
-    return lo
+def _wake_step(w, c, level, s):
+    """The first step (from ``s`` on) at which a slot's error ``fl(fl(w·t) - c)`` may reach
+    ``level``, rounded early: the slack covers every rounding of the error and of this quotient.
+    ``_IMAX``: never (exhausted, or an error that cannot rise)."""
+    if c == np.inf:
+        return _IMAX
+    if w == 0.0:
+        return s if -c >= level else _IMAX
+    t = (level + c - (c + 2.0) * _SLACK) / w
+    t -= abs(t) * _SLACK + 2.0
+    if t <= float(s):
+        return s
+    if t > 2.0**62:
+        return _IMAX
+    return np.int64(t)
 
 
 @numba.njit(cache=True, nogil=True)
-def _window_kernel(w, c, cap, k, n, off, members, rep, window, start, out_idx, out_sidx):
-    """The greedy over slots (see the module docstring), evaluating per step only the candidates
-    of the current window. Slot state (``c``: float64 count of member k, +inf once exhausted;
-    ``k``; ``rep`` = member k) is updated in place."""
+def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
+    """The greedy over slots (see the module docstring): each step scans only the awake slots;
+    the others sleep in a bucket queue keyed by the step at which they may reach the level.
+    Slot state (``c``: float64 count of member k, +inf once exhausted; ``k``; ``rep`` = member
+    k) is updated in place."""
     G = w.shape[0]
-    E = np.empty(G)
-    EK = np.empty(G, np.int64)
-    cslot = np.empty(G, np.int64)
-    cw = np.empty(G + 16)
-    cc = np.empty(G + 16)
-    cb = np.empty(G + 16, np.int64)
-    xk = np.empty(G + 16, np.int64)  # the candidates' keys at the current step
-    wtop = 0.0
-    for g in range(G):
-        wtop = max(wtop, w[g])
-    mscale = (wtop + 2.0) * _MARGIN
     total = out_idx.shape[0]
-    tau = _NEG
-    s = 0
-    while s < total:
-        steps = min(window, total - s)
-        need = steps + 1
-        t0 = max(float(start + s), 1.0)
-        dt = max(float(start + s + steps - 1), 1.0) - t0
-        margin = (t0 + dt + 1.0) * mscale
-        # errors at the window start
-        mk = _IMIN
-        finite = 0
-        for g in range(G):
-            e = w[g] * t0 - c[g]
-            E[g] = e
-            x = _key(e)
-            EK[g] = x
-            mk = x if x > mk else mk
-            finite += e > _NEG
-        if finite <= need:
-            lo0 = _NEG
-            lo1 = _NEG
-        else:
-            # Q: the slots at or above tau, a threshold carried over from window to window
-            lo = _select(EK, need, mk, _key(tau))
-            tau = _unkey(lo)
-            q = _IMAX
+    # the awake slots, dense, padded to whole vectors with entries that never win
+    aw = np.zeros(G + 16)
+    ac = np.full(G + 16, np.inf)
+    ab = np.full(G + 16, _NOCAND)  # (member << 16) | position: the tie-break key
+    ag = np.empty(G + 16, np.int64)  # the slot at each position
+    ak = np.empty(G + 16, np.int64)  # keys of the step's errors
+    pos = np.full(G, -1, np.int64)
+    wake = np.empty(G, np.int64)
+    head = np.full(_BUCKETS, -1, np.int64)
+    nxt = np.empty(G, np.int64)
+    na = 0
+    lkey = _IMIN
+    spread = _SPREAD
+    rebuild = 0  # the step of the next rebuild
+    i = 0
+    while i < total:
+        s = start + i
+        t = max(float(s), 1.0)
+        if i == rebuild:
+            # every slot awake or asleep afresh, the level just below the current maximum
+            for j in range(na):
+                c[ag[j]] = ac[j]
+                pos[ag[j]] = -1
+                aw[j] = 0.0
+                ac[j] = np.inf
+                ab[j] = _NOCAND
+            na = 0
+            head[:] = -1
+            top = _NEG
             for g in range(G):
-                x = _key(E[g] + w[g] * dt) if EK[g] >= lo else _IMAX
-                q = x if x < q else q
-            lo0 = tau - margin
-            lo1 = _unkey(q) - margin
-        nc = _candidates(w, E, dt, lo0, lo1, cslot)
-        for j in range(nc):
-            g = cslot[j]
-            cw[j] = w[g]
-            cc[j] = c[g]
-            cb[j] = (rep[g] << 16) | j
-        # pad to whole vectors with entries that never win
-        padded = (nc + 15) & ~15
-        for j in range(nc, padded):
-            cw[j] = 0.0
-            cc[j] = np.inf
-            cb[j] = _NOCAND
-        ws = cw[:padded]
-        cs = cc[:padded]
-        bs = cb[:padded]
-        xs = xk[:padded]
-        for i in range(steps):
-            t = max(float(start + s + i), 1.0)
-            m = _IMIN
-            for j in range(padded):
-                x = _key(ws[j] * t - cs[j])
-                xs[j] = x
-                m = x if x > m else m
-            r = _NOCAND
-            for j in range(padded):
-                x = bs[j] if xs[j] == m else _NOCAND
-                r = x if x < r else r
-            j = r & 0xFFFF
-            g = cslot[j]
-            out_idx[s + i] = r >> 16
-            out_sidx[s + i] = np.int64(cs[j])
-            k[g] += 1
-            if k[g] == n[g]:
-                k[g] = 0
-                cs[j] += 1.0
-                if cs[j] == cap[g]:
-                    cs[j] = np.inf
-            rep[g] = members[off[g] + k[g]]
-            bs[j] = (rep[g] << 16) | j
-        for j in range(nc):
-            c[cslot[j]] = cs[j]
-        s += steps
-
-
-def _window_size(slots: int) -> int:
-    """Steps per window. A window's setup costs O(slots) and each of its steps O(window), so
-    about 1.5·sqrt(slots) balances them (measured); small blends are one window over all slots."""
-    if slots <= 128:
-        return 1 << 62
-    return int(min(64, math.isqrt(slots) * 3 // 2))
+                e = w[g] * t - c[g]
+                top = e if e > top else top
+            level = top - spread
+            lkey = _key(level)
+            for g in range(G):
+                x = _wake_step(w[g], c[g], level, s)
+                if x == s:
+                    aw[na] = w[g]
+                    ac[na] = c[g]
+                    ab[na] = (rep[g] << 16) | na
+                    ag[na] = g
+                    pos[g] = na
+                    na += 1
+                elif x != _IMAX:
+                    wake[g] = x
+                    b = x & (_BUCKETS - 1)
+                    nxt[g] = head[b]
+                    head[b] = g
+            rebuild = i + _REBUILD
+        else:
+            b = s & (_BUCKETS - 1)
+            g = head[b]
+            head[b] = -1
+            while g >= 0:
+                later = nxt[g]
+                if wake[g] <= s:
+                    aw[na] = w[g]
+                    ac[na] = c[g]
+                    ab[na] = (rep[g] << 16) | na
+                    ag[na] = g
+                    pos[g] = na
+                    na += 1
+                else:  # due a lap of the queue later
+                    nxt[g] = head[b]
+                    head[b] = g
+                g = later
+        padded = (na + 15) & ~15
+        m = _IMIN
+        for j in range(padded):
+            x = _key(aw[j] * t - ac[j])
+            ak[j] = x
+            m = x if x > m else m
+        if m < lkey:
+            # a sleeping slot may hold the maximum: rebuild now, with a lower level
+            spread *= 2.0
+            rebuild = i
+            continue
+        if i + 1 == rebuild:  # a whole period without that: try a higher level next
+            spread = max(_SPREAD, spread * 0.5)
+        r = _NOCAND
+        for j in range(padded):
+            x = ab[j] if ak[j] == m else _NOCAND
+            r = x if x < r else r
+        j = r & 0xFFFF
+        g = ag[j]
+        out_idx[i] = r >> 16
+        out_sidx[i] = np.int64(ac[j])
+        k[g] += 1
+        if k[g] == n[g]:
+            k[g] = 0
+            ac[j] += 1.0
+            if ac[j] == cap[g]:
+                ac[j] = np.inf
+            x = _wake_step(w[g], ac[j], level, s + 1)
+            if x > s + 1:
+                # asleep: the last awake slot takes its position
+                c[g] = ac[j]
+                na -= 1
+                h = ag[na]
+                aw[j] = aw[na]
+                ac[j] = ac[na]
+                ab[j] = (ab[na] & ~np.int64(0xFFFF)) | j
+                ag[j] = h
+                pos[h] = j
+                pos[g] = -1
+                aw[na] = 0.0
+                ac[na] = np.inf
+                ab[na] = _NOCAND
+                if x != _IMAX:
+                    wake[g] = x
+                    b = x & (_BUCKETS - 1)
+                    nxt[g] = head[b]
+                    head[b] = g
+        rep[g] = members[off[g] + k[g]]
+        if pos[g] >= 0:
+            ab[pos[g]] = (rep[g] << 16) | pos[g]
+        i += 1
+    for j in range(na):
+        c[ag[j]] = ac[j]
 
 
 class _Slots(NamedTuple):
@@ -402,7 +370,7 @@ def blend_range(
         return np.where(np.isinf(c), caps, c).astype(np.int64)
     slots = _Slots.build(weights, caps, counts)
     if out_idx.shape[0]:
-        _window_kernel(*slots, _window_size(slots.w.shape[0]), start, out_idx, out_sidx)
+        _wake_kernel(*slots, start, out_idx, out_sidx)
     return slots.counts()
 
 

@@ -214,7 +214,7 @@ def test_kernels_contain_no_fused_multiply_add():
     out = np.empty(10, np.int16), np.empty(10, np.int64)
     for kernel, args in [
         (blend_kernels._scan_kernel, (w, np.zeros(300), np.full(300, np.inf), 0, *out)),
-        (blend_kernels._window_kernel, (*slots, 16, 0, *out)),
+        (blend_kernels._wake_kernel, (*slots, 0, *out)),
     ]:
         fresh = numba.njit(nogil=True)(kernel.py_func)
         fresh(*args)
