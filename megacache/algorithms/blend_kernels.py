@@ -124,12 +124,13 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
     k) is updated in place."""
     G = w.shape[0]
     total = out_idx.shape[0]
-    # the awake slots, dense, padded to whole vectors with entries that never win
-    aw = np.zeros(G + 16)
-    ac = np.full(G + 16, np.inf)
-    ab = np.full(G + 16, _NOCAND)  # (member << 16) | position: the tie-break key
-    ag = np.empty(G + 16, np.int64)  # the slot at each position
-    ak = np.empty(G + 16, np.int64)  # keys of the step's errors
+    # the awake slots, dense, padded with entries that never win to a whole number of the
+    # vectorised loop's 32-element iterations (its scalar remainder is slow)
+    aw = np.zeros(G + 32)
+    ac = np.full(G + 32, np.inf)
+    ab = np.full(G + 32, _NOCAND)  # (member << 16) | position: the tie-break key
+    ag = np.empty(G + 32, np.int64)  # the slot at each position
+    ak = np.empty(G + 32, np.int64)  # keys of the step's errors
     pos = np.full(G, -1, np.int64)
     wake = np.empty(G, np.int64)
     head = np.full(_BUCKETS, -1, np.int64)
@@ -190,7 +191,7 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
                     nxt[g] = head[b]
                     head[b] = g
                 g = later
-        padded = (na + 15) & ~15
+        padded = (na + 31) & ~31
         m = _IMIN
         for j in range(padded):
             x = _key(aw[j] * t - ac[j])
