@@ -39,6 +39,8 @@ INT32_MAX = int(np.iinfo(np.int32).max)
 UINT32_MAX = int(np.iinfo(np.uint32).max)
 #: Megatron separates the final epoch when it contributes fewer than int(0.80 * per_epoch) samples.
 SEPARATION_THRESHOLD = 0.80
+#: positions per block of the sample-index walk (its buffers stay in L1)
+_WALK_BLOCK = 2048
 
 
 class EpochPlan(NamedTuple):
@@ -412,25 +414,56 @@ def sample_index_rows(
 
 @numba.njit(cache=True, nogil=True)
 def _rows_from_lengths(sizes, document_index, first, start, first_position, first_k, L, x, rows):
-    # Merge the ascending row targets k·L + x into the running token count: row k is at the
-    # first position whose tokens reach its target. Returns the rows found inside the window.
-    total = start  # tokens before position j
-    j = 0
+    # Row k >= 1 is at the first position whose running token count reaches its target k·L + x.
+    # A comparison per position would mispredict at every row; instead, per block of positions:
+    # their lengths and running counts, the last row each reaches (vectorised), the positions
+    # that reach a new one (compacted without branches), and only their rows. Returns the rows
+    # found inside the window.
+    R = rows.shape[0]
     n = document_index.shape[0]
-    for r in range(rows.shape[0]):
-        k = first_k + r
-        target = k * L + x
-        while j < n:
-            reached = total + sizes[document_index[j] - first]
-            if reached >= target:
-                break
-            total = reached
-            j += 1
-        if j == n:
-            return r
-        rows[r, 0] = first_position + j
-        rows[r, 1] = k * L - total
-    return rows.shape[0]
+    size = np.empty(_WALK_BLOCK, np.int64)
+    reach = np.empty(_WALK_BLOCK, np.int64)
+    last = np.empty(_WALK_BLOCK, np.int64)
+    owner = np.empty(_WALK_BLOCK, np.int64)
+    total = start
+    reached = _floor_div(start - x, L)  # the last row reached before the position at hand
+    stop = first_k + R - 1
+    for p in range(0, n, _WALK_BLOCK):
+        m = min(_WALK_BLOCK, n - p)
+        for j in range(m):
+            size[j] = sizes[document_index[p + j] - first]
+        for j in range(m):
+            total += size[j]
+            reach[j] = total
+        for j in range(m):
+            last[j] = _floor_div(reach[j] - x, L)
+        owners = 0
+        previous = reached
+        for j in range(m):
+            owner[owners] = j
+            owners += last[j] != previous
+            previous = last[j]
+        for i in range(owners):
+            j = owner[i]
+            k0 = max(first_k, (last[j - 1] if j else reached) + 1)
+            before = reach[j] - size[j]
+            for k in range(k0, min(last[j], stop) + 1):
+                rows[k - first_k, 0] = first_position + p + j
+                rows[k - first_k, 1] = k * L - before
+        reached = last[m - 1]
+        if reached >= stop:
+            return R
+    return max(0, reached - first_k + 1)
+
+
+@numba.njit(cache=True, inline="always")
+def _floor_div(v, L):
+    """``v // L`` for |v| < 2^53, L > 0, in a form that vectorises (float quotient, then exact
+    integer corrections)."""
+    q = np.int64(float(v) / float(L))
+    q -= q * L > v
+    q += (q + 1) * L <= v
+    return q
 
 
 def _check_int32_offsets(plan: GPTIndexPlan, offset: int) -> None:
