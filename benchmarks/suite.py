@@ -87,7 +87,9 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
             theirs = os.path.join(work, f"reference-out-{rep}")
             os.makedirs(theirs)
             reference.append(run_program(case.reference(theirs), None, work))
-            outputs = outputs or describe_outputs(theirs)  # the same files every repeat
+            if outputs is None:  # the same files every repeat
+                outputs = describe_outputs(theirs)
+                _check_space(work, outputs, (repeats - 1) * (1 + len(ranks)) + len(ranks))
             _progress(rep, "reference", reference[-1])
             for p in ranks:
                 mine = os.path.join(work, f"megacache-out-{rep}-{p}")
@@ -114,6 +116,19 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
             "identical": True, "reference_name": case.reference_name,
             "reference": {"runs": reference, "median": ref},
             "megacache": {str(p): {"runs": ours[p], "median": rows[p]} for p in ranks}}
+
+
+def _check_space(work: str, outputs: dict, outputs_left: int) -> None:
+    """Fail now, not minutes into a later run, when the outputs still to come will not fit: those
+    of many files are kept until the workload ends (see ``_release``)."""
+    size = outputs["bytes"]
+    need = size * (outputs_left if outputs["files"] >= MANY_FILES else 1)
+    free = shutil.disk_usage(work).free
+    if need > 0.95 * free:
+        raise BenchmarkFailure(
+            f"the runs still to come need {need / 2**30:.1f} GiB for their outputs ({size / 2**30:.1f} GiB "
+            f"each), and {work}'s filesystem has {free / 2**30:.1f} GiB free: free some "
+            f"space, run fewer repeats or ranks, or point TMPDIR at a larger filesystem")
 
 
 def _progress(rep: int, side: str, run: dict) -> None:
