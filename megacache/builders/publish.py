@@ -3,10 +3,11 @@ record of what each entry was built from beyond what Megatron's hash covers."""
 
 from __future__ import annotations
 
+import json
 import os
 
 from ..errors import FormatError
-from ..fsio import STATE_DIR, publish_many, read_json, write_json_atomic
+from ..fsio import STATE_DIR, publish_many, read_json, write_atomic
 
 
 def publish_entries(items) -> None:
@@ -46,4 +47,12 @@ def update_manifest(directory: str, records: dict[str, dict]) -> None:
     entries = read_manifest(directory)
     entries.update(records)
     os.makedirs(os.path.dirname(manifest_path(directory)), exist_ok=True)
-    write_json_atomic(manifest_path(directory), {"format": 1, "entries": entries})
+    write_atomic(manifest_path(directory), manifest_bytes(entries))
+
+
+def manifest_bytes(entries: dict[str, dict]) -> bytes:
+    """The manifest as JSON, one entry per line in stem order: readable and diffable, and each line
+    encoded by ``json``'s C encoder (an indented dump goes through its Python one: 3x slower, on
+    rank 0 while the others wait, at thousands of entries)."""
+    lines = ",\n".join(f"{json.dumps(stem)}: {json.dumps(entries[stem], sort_keys=True)}" for stem in sorted(entries))
+    return f'{{"format": 1, "entries": {{\n{lines}\n}}}}\n'.encode()
