@@ -223,8 +223,9 @@ def document(records: dict[str, dict], sources: str) -> str:
         "",
         "| phase | scales as | measured constant |",
         "|---|---|---|",
-        f"| plan | every rank opens every dataset and reads three index entries per split (no lengths; "
-        f"O(datasets), not O(documents)) "
+        f"| plan | each dataset surveyed by one rank (opened, three index entries read per split; no "
+        f"lengths), then every rank plans every entry from the surveys: O(datasets), not O(documents); "
+        f"taken whole at every P (the survey's share, 1 / P of it, is not separated) "
         f"| {ns(m['plan_dataset'])}/dataset, {ns(m['plan_document'])}/document |",
         f"| document_index | per job on its owner, its lengths read there: max(entries / P, largest job) | "
         f"{ns(m['doc_dataset'])}/dataset, {ns(m['doc_entry'])}/entry |",

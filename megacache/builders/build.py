@@ -4,10 +4,10 @@ by all ranks together; the GPTDataset entries by ``gpt``, the BlendedDataset ent
 
 Order of work, chosen so that nothing is wasted and nothing partial is visible:
 
-1. Plan: parse and check the data flags, open every prefix, plan every GPTDataset task
-   (``gpt.plan_tasks``, from the indices' headers and pointers) and every blend (sizes, weights as
-   Megatron derives them), and ask rank 0 which entries exist already (their lengths are read for
-   the drift check).
+1. Plan: parse and check the data flags, survey every prefix (``gpt.survey_datasets``: each by
+   one rank, from its index's header and pointers), plan every GPTDataset task (``gpt.plan_tasks``)
+   and every blend (sizes, weights as Megatron derives them), and ask rank 0 which entries exist
+   already (their lengths are read for the drift check).
 2. Blends alongside the children: a blend needs only its weights and size (and, unweighted, its
    children's lengths, which the plan knows), so each rank computes its share on a background
    thread while it builds GPTDataset tasks (``gpt.GPTBuild``), which mostly wait on the filesystem.
@@ -41,8 +41,8 @@ from ..megatron.sequences import default_path, sequences_json
 from ..megatron.training import DEFAULT_SPLIT
 from ..megatron.versions import resolve
 from .blend import BLEND_BLOCK, BlendTask, Blending, plan_blends
-from .gpt import (GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, array_records, measure_lengths,
-                  open_datasets, plan_tasks)
+from .gpt import (Datasets, GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, Survey, array_records,
+                  measure_lengths, plan_tasks, survey_datasets)
 from .publish import read_manifest, update_manifest
 
 #: the lock key of a cache directory
@@ -172,10 +172,10 @@ def _plan_requests(cfg: BuildConfig) -> tuple[list[GPTRequest], list[tuple]]:
     return requests, blends
 
 
-def _check_dtypes(datasets: dict) -> None:
+def _check_dtypes(surveys: dict) -> None:
     dtypes: dict = {}
-    for prefix, ds in datasets.items():
-        dtypes.setdefault(np.dtype(ds.dtype), prefix)
+    for prefix, survey in surveys.items():
+        dtypes.setdefault(np.dtype(survey.dtype), prefix)
     if len(dtypes) > 1:
         shown = ", ".join(f"{p} holds {d}" for d, p in dtypes.items())
         raise MegacacheError(f"the blended datasets have different token dtypes ({shown}); tokenize them with "
@@ -188,11 +188,13 @@ def _check_dtypes(datasets: dict) -> None:
 
 @dataclass
 class Plan:
-    """Every cache entry a configuration needs, whether it exists, and the opened datasets."""
+    """Every cache entry a configuration needs, whether it exists, its datasets (each opened when
+    first read) and their surveys."""
 
     gpt: list[GPTTask]
     blends: list[BlendTask]
-    datasets: dict
+    datasets: Datasets
+    surveys: dict[str, Survey]
     megatron_version: str
 
     @property
@@ -256,11 +258,12 @@ def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
         raise MegacacheError(
             "a blend is only cached under --data-cache-path (without it megatron-core rebuilds the blend "
             "in memory on every rank): give --data-cache-path, and the same to training")
-    datasets = open_datasets([r.data_path for r in requests], comm)
+    datasets = Datasets(r.data_path for r in requests)
+    surveys = survey_datasets(requests, datasets, comm)
     if blend_specs:
-        _check_dtypes(datasets)
-    tasks = plan_tasks(requests, settings, datasets)
-    planned = Plan(tasks, plan_blends(cfg, blend_specs, tasks), datasets, version)
+        _check_dtypes(surveys)
+    tasks = plan_tasks(requests, settings, surveys)
+    planned = Plan(tasks, plan_blends(cfg, blend_specs, tasks), datasets, surveys, version)
     _decide_reuse(planned, cfg, comm)
     return planned
 
@@ -321,8 +324,7 @@ def _write_sequences(planned: Plan, cfg: BuildConfig, comm: Comm) -> str | None:
         return None
 
     def write() -> None:
-        data = sequences_json({p: (d.layout.sequence_count, d.layout.document_count)
-                               for p, d in planned.datasets.items()})
+        data = sequences_json({p: (s.sequence_count, s.document_count) for p, s in planned.surveys.items()})
         try:
             with open(path, "rb") as f:
                 if f.read() == data:

@@ -4,12 +4,14 @@ A *request* is one GPTDataset family (a prefix, its split, samples per split); a
 of one request, i.e. one cache entry. A blend of 1000 prefixes is 1000 requests and up to 3000
 tasks, built by the same four steps as a single prefix:
 
-1. Plan (every rank, identically, no collective): a split's tokens per epoch from three entries of
-   its index (``split_tokens``: the pointers span the split's sequences), hence the same epochs,
-   sample counts and dtypes, hence every file's shape. O(splits) per rank, whatever the corpus;
-   no lengths are read. Whoever reads a split's lengths later checks their sum (``check_tokens``)
-   and records their checksum for the drift check: a small task's owner, all ranks together for
-   the large ones (``measure_lengths``) and for entries found existing.
+1. Plan: each dataset surveyed by one rank (``survey_datasets``): its counts, dtype and each
+   split's tokens per epoch from three entries of its index (``split_tokens``: the pointers span
+   the split's sequences); the surveys allgathered, every rank plans every task identically: the
+   same epochs, sample counts and dtypes, hence every file's shape. O(splits) per rank, whatever
+   the corpus; no lengths are read, and a rank opens only the datasets it surveys or reads.
+   Whoever reads a split's lengths later checks their sum (``check_tokens``) and records their
+   checksum for the drift check: a small task's owner, all ranks together for the large ones
+   (``measure_lengths``) and for entries found existing.
 2. Document index: one serial MT19937 Fisher–Yates per task, on the task's owner (tasks spread over
    ranks by cost, largest first). The RNG state it leaves
    is the shuffle index's starting state and the shuffle index's length is in the plan, so the
@@ -30,6 +32,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -161,17 +164,71 @@ def array_shapes(plan: GPTIndexPlan) -> dict[str, tuple[np.dtype, tuple]]:
 # Plan
 
 
-def open_datasets(prefixes, comm: Comm) -> dict[str, IndexedDataset]:
-    """Every distinct prefix opened (memory-mapped) on every rank; errors agreed collectively. On
-    threads: opening reads a few scattered index entries, latency-bound on a cold filesystem."""
+class Datasets(Mapping):
+    """A build's datasets by prefix, each opened (memory-mapped) on first use: a rank opens only
+    the datasets it surveys or reads lengths from (1000 prefixes opened by each of 4096 ranks would
+    be four million opens on a shared filesystem's metadata server)."""
+
+    def __init__(self, prefixes):
+        self._prefixes = list(dict.fromkeys(prefixes))
+        self._known = set(self._prefixes)
+        self._opened: dict[str, IndexedDataset] = {}
+
+    def __getitem__(self, prefix: str) -> IndexedDataset:
+        dataset = self._opened.get(prefix)
+        if dataset is None:
+            if prefix not in self._known:
+                raise KeyError(prefix)
+            # threads racing to open one prefix keep the first opening
+            dataset = self._opened.setdefault(prefix, IndexedDataset(prefix))
+        return dataset
+
+    def __iter__(self):
+        return iter(self._prefixes)
+
+    @property
+    def opened(self) -> list[str]:
+        """The prefixes this rank has opened."""
+        return list(self._opened)
+
+    def __len__(self) -> int:
+        return len(self._prefixes)
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What planning needs from one dataset's index: its counts, dtype and each split's tokens."""
+
+    sequence_count: int
+    document_count: int                 # as the index stores it: documents + 1
+    dtype: str
+    tokens: dict                        # {(lo, hi): tokens of sequences [lo, hi)}
+
+
+def survey_datasets(requests: list[GPTRequest], datasets: Datasets, comm: Comm) -> dict[str, Survey]:
+    """Every prefix's ``Survey`` in request order, each taken by one rank (prefixes dealt round
+    robin, opened on threads: opening reads a header and a few scattered entries, latency-bound on
+    a cold filesystem) and allgathered: each rank holds O(datasets) small records, and each
+    dataset is opened by one rank. Errors agreed collectively."""
+    bookends: dict[str, set] = {}
+    for r in requests:
+        bookends.setdefault(r.data_path, set()).add(tuple(r.bookends))
+
+    def take(prefix: str) -> tuple[str, Survey]:
+        dataset = datasets[prefix]
+        if len(dataset) == 0:
+            raise MegacacheError(f"{prefix}: the dataset has no sequences; there is nothing to sample")
+        ranges = sorted({rng for b in bookends[prefix] for rng in split_ranges(list(b), len(dataset))
+                         if rng is not None})
+        lay = dataset.layout
+        return prefix, Survey(lay.sequence_count, lay.document_count, np.dtype(lay.dtype).str,
+                              dict(zip(ranges, split_tokens(dataset, ranges))))
+
     with comm.agreed("opening the datasets"):
-        unique = list(dict.fromkeys(prefixes))
         with ThreadPoolExecutor(max_workers=IO_THREADS) as pool:
-            datasets = dict(zip(unique, pool.map(IndexedDataset, unique)))
-        for prefix, dataset in datasets.items():
-            if len(dataset) == 0:
-                raise MegacacheError(f"{prefix}: the dataset has no sequences; there is nothing to sample")
-    return datasets
+            mine = list(pool.map(take, list(bookends)[comm.rank::comm.size]))
+    surveyed = dict(pair for part in comm.allgather(mine) for pair in part)
+    return {prefix: surveyed[prefix] for prefix in bookends}
 
 
 def split_tokens(dataset: IndexedDataset, ranges: list[tuple[int, int]]) -> list[int]:
@@ -207,7 +264,7 @@ def _length_stats_read(dataset: IndexedDataset, lo: int, hi: int) -> tuple[int, 
     return tokens, checksum
 
 
-def measure_lengths(tasks: list[GPTTask], datasets: dict[str, IndexedDataset], comm: Comm) -> None:
+def measure_lengths(tasks: list[GPTTask], datasets: Datasets, comm: Comm) -> None:
     """Every task's lengths read once, collectively (the split ranges laid end to end and cut
     evenly over the ranks, one allgather): its checksum recorded and its tokens checked. Every
     rank calls it, with the same tasks (none is fine)."""
@@ -226,29 +283,22 @@ def measure_lengths(tasks: list[GPTTask], datasets: dict[str, IndexedDataset], c
             check_tokens(task, tokens, checksum)
 
 
-def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, datasets: dict[str, IndexedDataset]) -> list[GPTTask]:
+def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, surveys: dict[str, Survey]) -> list[GPTTask]:
     """Every request's non-None splits as tasks with their plans (identical on every rank, from the
-    datasets' headers and a few pointers each: no lengths are read), in request order then split
-    order; whether each entry exists already is decided on rank 0."""
-    ranges = [split_ranges(list(r.bookends), len(datasets[r.data_path])) for r in requests]
-    wanted: dict[str, list] = {}
-    for r, rr in zip(requests, ranges):
-        wanted.setdefault(r.data_path, []).extend(rng for rng in rr if rng is not None)
-    with ThreadPoolExecutor(max_workers=IO_THREADS) as pool:
-        counted = pool.map(lambda p: split_tokens(datasets[p], wanted[p]), wanted)
-        tokens_of = {p: dict(zip(map(tuple, wanted[p]), n)) for p, n in zip(wanted, counted)}
+    datasets' surveys: no lengths are read), in request order then split order; whether each entry
+    exists already is decided on rank 0."""
     tasks = []
-    for k, (r, rr) in enumerate(zip(requests, ranges)):
-        dataset = datasets[r.data_path]
-        for i, (name, rng) in enumerate(zip(SPLIT_NAMES, rr)):
+    for k, r in enumerate(requests):
+        survey = surveys[r.data_path]
+        for i, (name, rng) in enumerate(zip(SPLIT_NAMES, split_ranges(list(r.bookends), survey.sequence_count))):
             if rng is None:
                 continue
-            tokens = tokens_of[r.data_path][tuple(rng)]
+            tokens = survey.tokens[rng]
             size = r.sizes[i]
             if tokens == 0 and size is not None and (size > 0 or settings.add_extra_token):
                 what = "empty" if rng[0] == rng[1] else "made of empty sequences"
                 raise MegacacheError(
-                    f"{r.data_path}: the {name} split is {what} ({r.split!r} of {len(dataset)} "
+                    f"{r.data_path}: the {name} split is {what} ({r.split!r} of {survey.sequence_count} "
                     f"sequences gives [{rng[0]}, {rng[1]})) but {size} samples are requested from it; "
                     f"megatron-core would loop forever. Change --split, or request no {name} samples")
             drop_last = settings.drop_last(name)
@@ -273,7 +323,7 @@ def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, datasets: dict
 class GPTBuild:
     """The tasks still to build, their temporary files, and who owns which."""
 
-    def __init__(self, tasks: list[GPTTask], datasets: dict[str, IndexedDataset], settings: GPTSettings,
+    def __init__(self, tasks: list[GPTTask], datasets: Datasets, settings: GPTSettings,
                  comm: Comm, tag: str):
         self.todo = [j for j in tasks if not j.reused]
         self.datasets, self.settings, self.comm = datasets, settings, comm

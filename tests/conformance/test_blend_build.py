@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from megacache.megatron.blends import parse_blend
-from megacache.builders.build import BuildConfig
+from megacache.builders.build import BuildConfig, plan
 from megacache.comm import Comm, SingleComm, get_comm
 from support.oracle import load_mcore, sweep_configurations, write_lengths
 from support.sweeps import (NULL_TOKENIZER, build_and_compare, megatron_build, per_split_blends, random_blend_config,
@@ -87,6 +87,34 @@ def test_random_blends_under_mpi():
     assert outcomes.get("refused", 0) <= 40, outcomes
     # The chunked blend ran, and some chunks started from a wrong guess and were repaired.
     assert outcomes.get("chunked", 0) >= 50 and outcomes.get("recomputed", 0) > 0, outcomes
+
+
+@pytest.mark.mpi(min_size=2)
+def test_each_dataset_is_surveyed_by_one_rank_and_every_rank_plans_alike():
+    """Planning a blend opens each dataset on one rank only (dealt round robin), not every dataset
+    on every rank, and the plan every rank makes from the gathered surveys equals a one-rank plan."""
+    comm = get_comm("mpi")
+
+    def run(workdir: str, _) -> str:
+        prefixes = [os.path.join(workdir, f"d{i}") for i in range(7)]
+        if comm.rank == 0:
+            rng = np.random.default_rng(5)
+            for p in prefixes:
+                write_lengths(p, rng.integers(0, 500, int(rng.integers(40, 400))))
+        comm.barrier()
+        cfg = BuildConfig(blend=parse_blend(words(prefixes, [1, 2, 3, 4, 5, 6, 7])), split="90,8,2",
+                          seq_length=64, sizes=(2000, 100, 20), tokenizer=NULL_TOKENIZER,
+                          cache_dir=os.path.join(workdir, "cache"))
+        shared = plan(cfg, comm)
+        assert sorted(shared.datasets.opened) == sorted(prefixes[comm.rank::comm.size])
+        alone = plan(cfg, SingleComm())
+        assert sorted(alone.datasets.opened) == sorted(prefixes)
+        assert shared.surveys == alone.surveys
+        assert [(t.entry.stem, t.plan, t.split_range) for t in shared.gpt] == \
+               [(t.entry.stem, t.plan, t.split_range) for t in alone.gpt]
+        return "ok"
+
+    assert sweep_configurations(comm, [None], run) == {"ok": 1}
 
 
 def test_one_prefix_with_a_weight_is_a_one_dataset_blend(megatron):
