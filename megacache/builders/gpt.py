@@ -30,9 +30,9 @@ tasks, built by the same four steps as a single prefix:
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -170,14 +170,13 @@ class Datasets(Mapping):
     be four million opens on a shared filesystem's metadata server)."""
 
     def __init__(self, prefixes):
-        self._prefixes = list(dict.fromkeys(prefixes))
-        self._known = set(self._prefixes)
+        self._prefixes = dict.fromkeys(prefixes)
         self._opened: dict[str, IndexedDataset] = {}
 
     def __getitem__(self, prefix: str) -> IndexedDataset:
         dataset = self._opened.get(prefix)
         if dataset is None:
-            if prefix not in self._known:
+            if prefix not in self._prefixes:
                 raise KeyError(prefix)
             # threads racing to open one prefix keep the first opening
             dataset = self._opened.setdefault(prefix, IndexedDataset(prefix))
@@ -186,13 +185,19 @@ class Datasets(Mapping):
     def __iter__(self):
         return iter(self._prefixes)
 
+    def __len__(self) -> int:
+        return len(self._prefixes)
+
+    def open(self, prefixes) -> None:
+        """Open these prefixes now, on threads: opening reads a header and a few scattered
+        entries, latency-bound on a cold filesystem, so one by one on first use would be slow."""
+        with ThreadPoolExecutor(max_workers=IO_THREADS) as pool:
+            list(pool.map(self.__getitem__, dict.fromkeys(prefixes)))
+
     @property
     def opened(self) -> list[str]:
         """The prefixes this rank has opened."""
         return list(self._opened)
-
-    def __len__(self) -> int:
-        return len(self._prefixes)
 
 
 @dataclass(frozen=True)
@@ -344,6 +349,7 @@ class GPTBuild:
             t = time.monotonic()
             futures: list[Future] = []
             with self.comm.agreed("building the document indices"):
+                self.datasets.open(task.data_path for task in self.mine)
                 for task in self.mine:
                     futures.append(self._document_index(task, pool))
             phases["document_index"] = time.monotonic() - t
