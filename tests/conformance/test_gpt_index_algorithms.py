@@ -25,6 +25,7 @@ from megacache.algorithms.gpt_index import (
     slice_tokens,
     shuffle_index_dtype,
 )
+from megacache.algorithms import permutation
 from megacache.algorithms.permutation import MT19937, random_interval, shuffle
 from megacache.algorithms.splits import parse_split, split_matrix, split_ranges
 from megacache.errors import MegacacheError
@@ -219,6 +220,24 @@ def test_bounded_draws_match_numpy_including_64_bit():
         for _ in range(40):
             assert random_interval(state, max_value) == int(rs.randint(0, max_value + 1, dtype=np.uint64))
         assert state == MT19937.from_numpy(rs.get_state())
+
+
+def test_block_draws_equal_one_bounded_draw_at_a_time():
+    # The shuffle draws a block of j's in one kernel call, its mask falling as i crosses powers of
+    # two; the reference is one random_interval(i) per swap. Blocks start just above, at and just
+    # below powers of two, and in the middle, up to 2^32 - 1.
+    rng = np.random.default_rng(3)
+    state, reference = MT19937.from_seed(11), MT19937.from_seed(11)
+    tempered = np.empty(624, dtype=np.int64)
+    for k in range(1, 33):
+        for hi in {2**k - 2, 2**k - 1, 2**k, 2**k + 1, 3 * 2 ** (k - 1)}:
+            hi = min(max(hi, 1), 2**32 - 1)
+            m = int(rng.integers(1, min(hi, 3000) + 1))
+            permutation._temper_all(state.words, tempered)
+            js = np.empty(m, dtype=np.int64)
+            permutation._draw_block(state.words, tempered, hi, m, js)
+            assert js.tolist() == [random_interval(reference, i) for i in range(hi, hi - m, -1)], (hi, m)
+            assert state == reference, (hi, m)
 
 
 # ------------------------------------------------------------------------------------------------
