@@ -121,12 +121,15 @@ def _tokenizer_ids(args: argparse.Namespace, version: str) -> dict:
     return tokenizer_identifiers(megatron_version=version, **given)
 
 
-def import_numba_without_scipy() -> None:
-    """Import numba's numpy support without its BLAS probe, which imports ``scipy.linalg`` (0.3-0.6 s
-    per process here, far more from a shared filesystem, on every rank) only to enable ``np.dot``
-    and friends in jitted code; megacache's kernels use none of them. For megacache's own processes
-    (this CLI), never the library in someone else's: scipy still imports normally afterwards, and
-    numba's linear algebra checks for it again when a function needs it."""
+def import_numba_for_kernels() -> None:
+    """Import numba for megacache's kernels without two things they never use, which every rank
+    would pay for: the BLAS probe of numba's numpy support, which imports ``scipy.linalg`` (0.3-0.6 s
+    per process here, far more from a shared filesystem) only to enable ``np.dot`` and friends in
+    jitted code; and third-party numba extensions (``numba_extensions`` entry points), which numba
+    imports before the first kernel loads: awkward, a dependency of gigatoken, registers one, and
+    importing it took 0.2 s per process here. For megacache's own processes (this CLI), never the
+    library in someone else's: scipy still imports normally afterwards, and numba's linear algebra
+    checks for it again when a function needs it."""
     if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
         return
     sys.modules["scipy.linalg"] = None  # `import scipy.linalg...` fails at once instead of loading
@@ -134,6 +137,9 @@ def import_numba_without_scipy() -> None:
         import numba.np.arraymath  # noqa: F401  (the module whose import runs the probe)
     finally:
         del sys.modules["scipy.linalg"]
+    import numba.core.entrypoints
+
+    numba.core.entrypoints._already_initialized = True  # what numba sets once it has loaded them
 
 
 def hide_torch_from_transformers() -> None:
@@ -148,7 +154,7 @@ def hide_torch_from_transformers() -> None:
 
 
 def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
-    import_numba_without_scipy()  # first: every rank of a build loads numba kernels
+    import_numba_for_kernels()  # first: every rank of a build loads numba kernels
     from .megatron.blends import blend_from_flags
     from .builders.build import BuildConfig, build
     from .megatron.flags import given_flags

@@ -645,20 +645,26 @@ def test_length_stats_kernel_equals_its_reference_and_adds_over_slices():
     assert length_stats(lengths[:0], 5) == length_stats_reference(lengths[:0], 5) == (0, 0, 0)
 
 
-def test_numba_kernels_load_without_importing_scipy_linalg():
-    # megacache build's processes skip numba's BLAS probe (it imports scipy.linalg on every rank);
-    # the kernels still load, and scipy still imports and works afterwards.
+def test_numba_kernels_load_without_scipy_linalg_or_numba_extensions():
+    # megacache build's processes skip numba's BLAS probe (it imports scipy.linalg on every rank)
+    # and third-party numba extensions (gigatoken's dependency awkward registers one); the kernels
+    # still load, and scipy still imports and works afterwards.
     import subprocess
     import sys
+    from importlib.metadata import entry_points
 
-    code = """
+    extensions = sorted({e.value.split(":")[0].split(".")[0] for e in entry_points(group="numba_extensions")})
+    assert "awkward" in extensions  # installed with gigatoken: the check below can fail
+    code = f"""
 import sys
-from megacache.cli import import_numba_without_scipy
-import_numba_without_scipy()
+from megacache.cli import import_numba_for_kernels
+import_numba_for_kernels()
 import numpy as np
 from megacache.algorithms.gpt_index import length_stats
 assert length_stats(np.array([3, 4], np.int32), 0)[:2] == (7, 4)
 assert "scipy.linalg" not in sys.modules, "numba imported scipy.linalg"
+loaded = [m for m in {extensions!r} if m in sys.modules]
+assert not loaded, f"numba loaded the extensions of {{loaded}}"
 try:
     import scipy.linalg
 except ImportError:
