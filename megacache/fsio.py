@@ -63,7 +63,7 @@ def pwrite_all(fd: int, data: Any, offset: int) -> None:
 
 
 #: writes of at least this many bytes go through O_DIRECT where the filesystem takes it
-DIRECT_MIN = 1 << 20
+DIRECT_MIN = 64 << 10
 #: O_DIRECT's alignment of memory, file offsets and lengths (a page covers every block size in use)
 DIRECT_ALIGN = 4096
 #: bytes staged per O_DIRECT write
@@ -93,25 +93,40 @@ def open_direct(path: str) -> int | None:
         raise
 
 
-def pwrite_mostly_direct(fd: int, direct_fd: int | None, data: Any, offset: int) -> None:
-    """``pwrite_all(fd, data, offset)``, the whole aligned blocks inside the range written through
-    ``direct_fd`` (O_DIRECT, staged in an aligned buffer). A buffered write costs a kernel copy into
-    freshly allocated page-cache pages: on a machine whose page cache is full, the largest CPU cost
-    of writing a cache. The partial blocks at either end stay buffered, so writers of adjacent
-    ranges (other ranks) never overlap a direct write. Durability is still the caller's fsync."""
-    view = _bytes(data)
-    end = offset + len(view)
-    first = -(-offset // DIRECT_ALIGN) * DIRECT_ALIGN
-    last = end // DIRECT_ALIGN * DIRECT_ALIGN
+def _spans(views: list[memoryview], a: int, b: int):
+    """The bytes [a, b) of the views laid end to end, as slices of them."""
+    base = 0
+    for view in views:
+        lo, hi = max(a, base), min(b, base + len(view))
+        if lo < hi:
+            yield view[lo - base : hi - base]
+        base += len(view)
+
+
+def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: int) -> None:
+    """Write ``pieces`` (bytes or C-contiguous arrays) end to end from ``offset``, the whole aligned
+    blocks inside the range through ``direct_fd`` (O_DIRECT, staged in an aligned buffer). A
+    buffered write costs a kernel copy into freshly allocated page-cache pages, 0.7-2.9 ns per byte
+    here against 0.2 direct: the largest CPU cost of writing a cache. The partial blocks at either
+    end stay buffered, so writers of adjacent ranges (other ranks) never overlap a direct write.
+    Durability is still the caller's fsync."""
+    views = [_bytes(p) for p in pieces]
+    start, end = offset, offset + sum(map(len, views))
+    first = min(-(-start // DIRECT_ALIGN) * DIRECT_ALIGN, end)
+    last = max(end // DIRECT_ALIGN * DIRECT_ALIGN, first)
     if direct_fd is None or last - first < DIRECT_MIN:
-        pwrite_all(fd, view, offset)
-        return
-    pwrite_all(fd, view[: first - offset], offset)
+        first = last = end
+    position = start
+    for span in _spans(views, 0, first - start):
+        pwrite_all(fd, span, position)
+        position += len(span)
     stage = _stage()
-    position = first
     while position < last:
         n = min(len(stage), last - position)
-        stage[:n] = view[position - offset : position - offset + n]
+        filled = 0
+        for span in _spans(views, position - start, position - start + n):
+            stage[filled : filled + len(span)] = span
+            filled += len(span)
         try:
             done = 0
             while done < n:
@@ -121,20 +136,19 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, data: Any, offset: int)
                 raise
             break  # the filesystem took the descriptor but not the write: the rest buffered
         position += n
-    pwrite_all(fd, view[position - offset :], position)
+    for span in _spans(views, position - start, end - start):
+        pwrite_all(fd, span, position)
+        position += len(span)
 
 
 def write_new_file(path: str, pieces: list) -> None:
     """Create (or truncate) ``path`` holding the concatenation of ``pieces`` (bytes or C-contiguous
-    arrays), large pieces mostly through O_DIRECT (``pwrite_mostly_direct``)."""
-    views = [_bytes(p) for p in pieces]
+    arrays), mostly through O_DIRECT (``pwrite_mostly_direct``)."""
+    size = sum(len(_bytes(p)) for p in pieces)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    direct_fd = open_direct(path) if max(map(len, views), default=0) >= DIRECT_MIN else None
+    direct_fd = open_direct(path) if size >= DIRECT_MIN else None
     try:
-        offset = 0
-        for view in views:
-            pwrite_mostly_direct(fd, direct_fd, view, offset)
-            offset += len(view)
+        pwrite_mostly_direct(fd, direct_fd, pieces, 0)
     finally:
         os.close(fd)
         if direct_fd is not None:

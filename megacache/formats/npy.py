@@ -67,7 +67,7 @@ class NpyWriter:
         with writing(self.path):
             if not self._direct_tried and rows.nbytes >= DIRECT_MIN:
                 self._direct_fd, self._direct_tried = open_direct(self.path), True
-            pwrite_mostly_direct(self.fd, self._direct_fd, rows, self.header_size + first * self.row_bytes)
+            pwrite_mostly_direct(self.fd, self._direct_fd, [rows], self.header_size + first * self.row_bytes)
 
     def close(self) -> None:
         os.close(self.fd)
