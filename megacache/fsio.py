@@ -144,11 +144,11 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: i
 def write_new_file(path: str, pieces: list) -> None:
     """Create (or truncate) ``path`` holding the concatenation of ``pieces`` (bytes or C-contiguous
     arrays), mostly through O_DIRECT (``pwrite_mostly_direct``)."""
-    size = sum(len(_bytes(p)) for p in pieces)
+    views = [_bytes(p) for p in pieces]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-    direct_fd = open_direct(path) if size >= DIRECT_MIN else None
+    direct_fd = open_direct(path) if sum(map(len, views)) >= DIRECT_MIN else None
     try:
-        pwrite_mostly_direct(fd, direct_fd, pieces, 0)
+        pwrite_mostly_direct(fd, direct_fd, views, 0)
     finally:
         os.close(fd)
         if direct_fd is not None:
