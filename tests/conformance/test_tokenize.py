@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from support.corpus import (documents, file_bytes, megacache_cmd, megatron_reference, run_megacache,
-                    train_bpe, write_input)
+from support.corpus import (documents, file_bytes, kill_tree, megacache_cmd, megatron_reference,
+                            run_megacache, train_bpe, write_input)
 
 
 @pytest.fixture(scope="module")
@@ -116,8 +115,7 @@ def test_resume_after_sigkill_redoes_only_unfinished_units(tmp_path, bpe, megatr
              "--threads", "1", "--output-format", output_format]
     args = ["tokenize", "--output-prefix", str(tmp_path / "o"), *flags]
     work = str(tmp_path / ".o.megacache-work")
-    proc = subprocess.Popen(megacache_cmd(2, *args), start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(megacache_cmd(2, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     done = []
     while time.monotonic() < deadline and proc.poll() is None:
@@ -126,7 +124,7 @@ def test_resume_after_sigkill_redoes_only_unfinished_units(tmp_path, bpe, megatr
             break
         time.sleep(0.005)
     assert proc.poll() is None, "the run finished before it could be killed; make the corpus larger"
-    os.killpg(proc.pid, signal.SIGKILL)
+    kill_tree(proc.pid)
     proc.wait()
     killed_done = len([n for n in os.listdir(work) if n.endswith(".done")])
     assert not os.path.exists(tmp_path / "o_text_document.idx"), "a killed run published output"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -88,6 +90,46 @@ def run_megacache(ranks: int, *args: str, check: bool = True, env: dict | None =
         raise AssertionError(f"megacache {' '.join(args)} on {ranks} rank(s) exited {proc.returncode}:\n"
                              f"{proc.stdout}\n{proc.stderr}")
     return proc
+
+
+def processes() -> dict[int, tuple[int, str]]:
+    """Every process's parent and state (``Z``: exited, not yet reaped), from /proc."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            except (OSError, ValueError):
+                continue
+            table[int(name)] = (int(ppid), state)
+    return table
+
+
+def children(table: dict[int, tuple[int, str]], pid: int) -> list[int]:
+    return [p for p, (ppid, _) in table.items() if ppid == pid]
+
+
+def kill_tree(pid: int, timeout: float = 30.0) -> None:
+    """SIGKILL a launcher and everything below it, and return once none of them can still write.
+    Killing the launcher alone is not enough: mpiexec's proxies and ranks sit in process groups of
+    their own and go on working until the proxy notices; and a rank inside a rename or fsync
+    completes it before it dies."""
+    table = processes()
+    tree, frontier = [], [pid]
+    while frontier:
+        tree += frontier
+        frontier = [c for p in frontier for c in children(table, p)]
+    for p in reversed(tree):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while any(processes().get(p, (0, "Z"))[1] != "Z" for p in tree):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"processes {tree} still running {timeout:.0f} s after SIGKILL")
+        time.sleep(0.01)
 
 
 def array_of(ids) -> np.ndarray:

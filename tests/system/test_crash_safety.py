@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from conftest import REPORTS
-from support.corpus import documents, write_jsonl
+from support.corpus import children, documents, processes, write_jsonl
 from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig, build
 from megacache.builders.tokenize import TokenizeConfig, tokenize
@@ -52,19 +52,8 @@ def final_files(directory: str) -> dict[str, bytes]:
 
 def rank_processes(launcher: int) -> list[int]:
     """The python ranks below an ``mpiexec`` (its proxies' children)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    ranks = []
-    for proxy in children.get(launcher, []):
-        ranks.extend(children.get(proxy, []))
-    return ranks
+    table = processes()
+    return [rank for proxy in children(table, launcher) for rank in children(table, proxy)]
 
 
 def current_phases(directory: str) -> set[str]:
