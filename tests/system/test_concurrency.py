@@ -176,22 +176,26 @@ def test_a_rank_that_dies_unnoticed_by_the_launcher_stops_the_job_naming_rank_an
     ranks = [subprocess.Popen([sys.executable, "-c", RANK, str(r), port, prefix, cache], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=ENV) for r in range(2)]
     record = os.path.join(cache, ".megacache")
-    deadline = time.monotonic() + 120
-    phase = None
-    while phase is None and time.monotonic() < deadline:
+
+    def rank_1_phase() -> str | None:
         for name in os.listdir(record) if os.path.isdir(record) else []:
-            path = os.path.join(record, name, "rank-1")
             try:
-                with open(path) as f:
-                    found = json.load(f)["phase"]
+                with open(os.path.join(record, name, "rank-1")) as f:
+                    return json.load(f)["phase"]
             except (OSError, ValueError):
                 continue
-            if found != "starting":
-                phase = found
+        return None
+
+    deadline = time.monotonic() + 120
+    while rank_1_phase() in (None, "starting") and time.monotonic() < deadline:
         time.sleep(0.005)
-    assert phase is not None, "rank 1 never reached a build phase"
+    seen = rank_1_phase()
+    assert seen not in (None, "starting"), "rank 1 never reached a build phase"
     ranks[1].kill()
     killed_at = time.monotonic()
+    ranks[1].wait()
+    # The phase its record shows once it is dead: it may have moved on between the look and the kill.
+    phase = rank_1_phase() or seen
     out, err = ranks[0].communicate(timeout=120)
     waited = time.monotonic() - killed_at
     ranks[1].communicate()
