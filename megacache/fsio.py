@@ -116,10 +116,14 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: i
     last = max(end // DIRECT_ALIGN * DIRECT_ALIGN, first)
     if direct_fd is None or last - first < DIRECT_MIN:
         first = last = end
-    position = start
-    for span in _spans(views, 0, first - start):
-        pwrite_all(fd, span, position)
-        position += len(span)
+
+    def buffered(lo: int, hi: int) -> None:  # file positions [lo, hi) through ``fd``
+        for span in _spans(views, lo - start, hi - start):
+            pwrite_all(fd, span, lo)
+            lo += len(span)
+
+    buffered(start, first)
+    position = first
     stage = _stage()
     while position < last:
         n = min(len(stage), last - position)
@@ -136,9 +140,7 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: i
                 raise
             break  # the filesystem took the descriptor but not the write: the rest buffered
         position += n
-    for span in _spans(views, position - start, end - start):
-        pwrite_all(fd, span, position)
-        position += len(span)
+    buffered(position, end)
 
 
 def write_new_file(path: str, pieces: list) -> None:
