@@ -48,7 +48,7 @@ from ..errors import MegacacheError
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
 from .publish import publish_entries
 from ..formats.indexed import IndexedDataset
-from ..formats.npy import NpyWriter, load_npy, write_npy
+from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, write_npy
 from ..fsio import remove_quietly, sync_filesystems, tmp_path
 from .scheduling import even_pieces, largest_first
 
@@ -344,14 +344,16 @@ class GPTBuild:
 
     def build(self, phases: dict[str, float], enter=lambda phase: None) -> None:
         """``enter(phase)`` is told each phase as it starts (the job's rank monitor)."""
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="shuffle-index") as pool:
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="index-pool") as pool:
             enter("document index")
             t = time.monotonic()
             futures: list[Future] = []
+            writes = BackgroundWrites(pool, IN_MEMORY_BYTES)
             with self.comm.agreed("building the document indices"):
                 self.datasets.open(task.data_path for task in self.mine)
                 for task in self.mine:
-                    futures.append(self._document_index(task, pool))
+                    futures.append(self._document_index(task, pool, writes))
+                writes.wait()
             phases["document_index"] = time.monotonic() - t
 
             enter("sample index")
@@ -374,9 +376,10 @@ class GPTBuild:
                 sync_filesystems({j.entry.directory for j in self.todo})
             phases["shuffle_index_wait"] = time.monotonic() - t
 
-    def _document_index(self, task: GPTTask, pool: ThreadPoolExecutor) -> Future:
-        """Shuffle the task's document index here; a small task's sample index follows at once, a
-        shared task's is preallocated for every rank to fill. The shuffle index goes to the pool."""
+    def _document_index(self, task: GPTTask, pool: ThreadPoolExecutor, writes: BackgroundWrites) -> Future:
+        """Shuffle the task's document index here; a small task's sample index follows at once (both
+        written in the background), a shared task's is preallocated for every rank to fill. The
+        shuffle index goes to the pool."""
         p = task.plan
         state = MT19937.from_seed(self.settings.seed)
         if task.index in self.shared_ids:
@@ -385,12 +388,12 @@ class GPTBuild:
                 build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state, out=out)
         else:
             document_index = build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state)
-            write_npy(self.tmp[task.index, "document_index.npy"], document_index)
+            writes.put(self.tmp[task.index, "document_index.npy"], document_index)
             sizes = self.datasets[task.data_path].read_lengths(*task.split_range)
             tokens, _, checksum = length_stats(sizes, task.split_range[0])
             check_tokens(task, tokens, checksum)
-            write_npy(self.tmp[task.index, "sample_index.npy"],
-                      build_sample_index(sizes, document_index, p, task.split_range[0]))
+            writes.put(self.tmp[task.index, "sample_index.npy"],
+                       build_sample_index(sizes, document_index, p, task.split_range[0]))
         return pool.submit(self._shuffle_index, task, state)
 
     def _shuffle_index(self, task: GPTTask, state: MT19937) -> None:

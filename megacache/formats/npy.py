@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import io
 import os
+from collections import deque
+from concurrent.futures import Executor, Future
 
 import numpy as np
 
@@ -34,6 +36,34 @@ def write_npy(path: str, array: np.ndarray) -> None:
     array = np.ascontiguousarray(array)
     with writing(path):
         write_new_file(path, [npy_header(array.dtype, array.shape), array])
+
+
+class BackgroundWrites:
+    """``write_npy`` on a pool's threads while the caller computes the next arrays (a direct write
+    holds its thread until the device has the data), with at most ``limit`` bytes of arrays waiting:
+    ``put`` blocks until older writes are done when more would."""
+
+    def __init__(self, pool: Executor, limit: int):
+        self.pool, self.limit = pool, limit
+        self.pending: deque[tuple[Future, int]] = deque()
+        self.waiting = 0
+
+    def put(self, path: str, array: np.ndarray) -> None:
+        """Write ``array`` (not to be changed until ``wait``) to ``path``."""
+        self.pending.append((self.pool.submit(write_npy, path, array), array.nbytes))
+        self.waiting += array.nbytes
+        while self.waiting > self.limit:
+            self._oldest()
+
+    def wait(self) -> None:
+        """Until every write is done; a failed one raises its error."""
+        while self.pending:
+            self._oldest()
+
+    def _oldest(self) -> None:
+        future, size = self.pending.popleft()
+        self.waiting -= size
+        future.result()
 
 
 class NpyWriter:
