@@ -24,7 +24,7 @@ from ..formats.npy import NpyWriter
 from ..fsio import remove_quietly, sync_filesystems, tmp_path
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
 from .gpt import GPTTask, array_records
-from .publish import publish_entries
+from .publish import publish_entries, write_description
 from .scheduling import even_slice, largest_first
 
 if TYPE_CHECKING:  # the orchestrator's configuration (build.py imports this module)
@@ -142,6 +142,7 @@ class Blending:
             for b in self.todo:
                 for what, dtype in BLEND_ARRAYS.items():
                     NpyWriter.create(self.tmp[b.index, what], dtype, (b.size,))
+                write_description(b.entry, self.tmp[b.index, "description.txt"])
 
         if self.todo:
             self.comm.on_root(preallocate, "preallocating the blend files")

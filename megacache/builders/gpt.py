@@ -46,7 +46,7 @@ from ..comm import Comm
 from ..algorithms.checks import integer
 from ..errors import MegacacheError
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
-from .publish import publish_entries
+from .publish import publish_entries, write_description
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, write_npy
 from ..fsio import remove_quietly, sync_filesystems, tmp_path
@@ -394,6 +394,7 @@ class GPTBuild:
             check_tokens(task, tokens, checksum)
             writes.put(self.tmp[task.index, "sample_index.npy"],
                        build_sample_index(sizes, document_index, p, task.split_range[0]))
+        write_description(task.entry, self.tmp[task.index, "description.txt"])
         return pool.submit(self._shuffle_index, task, state)
 
     def _shuffle_index(self, task: GPTTask, state: MT19937) -> None:

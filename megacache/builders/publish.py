@@ -10,14 +10,18 @@ from ..errors import FormatError
 from ..fsio import STATE_DIR, publish_many, read_json, write_atomic
 
 
+def write_description(entry, tmp: str) -> None:
+    """An entry's description under its temporary name, written with its arrays so that the sync
+    before publishing covers it too."""
+    with open(tmp, "wb") as f:
+        f.write(entry.description.encode("utf-8"))
+
+
 def publish_entries(items) -> None:
-    """Cache entries into place from their temporary files (``[(entry, {file: tmp path})]``, the
-    arrays already written): each description is written, then every array is renamed into
-    place, then every description, so Megatron's cache hit (all files present) never sees a part."""
+    """Cache entries into place from their temporary files (``[(entry, {file: tmp path})]``, all
+    written, ``write_description`` included): every array is renamed into place, then every
+    description, so Megatron's cache hit (all files present) never sees a part."""
     items = list(items)
-    for entry, tmp in items:
-        with open(tmp["description.txt"], "wb") as f:
-            f.write(entry.description.encode("utf-8"))
     publish_many([(tmp[w], entry.path(w)) for entry, tmp in items for w in entry.names if w != "description.txt"])
     publish_many([(tmp["description.txt"], entry.path("description.txt")) for entry, tmp in items])
 
