@@ -227,11 +227,3 @@ def get_comm(kind: str | None = None) -> Comm:
     if kind == "single":
         return SingleComm()
     raise ValueError(f"MEGACACHE_COMM={kind!r}: expected one of mpi, torch, single")
-
-
-def finalize_mpi() -> None:
-    """Finalize MPI if this process initialised it: for a process about to leave by ``os._exit``,
-    which skips the interpreter hook mpi4py finalizes from."""
-    mpi = sys.modules.get("mpi4py.MPI")
-    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        mpi.Finalize()
