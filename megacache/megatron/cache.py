@@ -14,6 +14,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from ..errors import FormatError
@@ -47,7 +48,38 @@ def blend_identifiers(datasets: list[dict], split_name: str, weights: list, size
 
 
 def describe(identifiers: dict) -> str:
-    return json.dumps(identifiers, indent=4)
+    """``json.dumps(identifiers, indent=4)``, exactly, faster: a build describes thousands of
+    GPTDatasets on every rank, and json's indenting encoder is pure Python. Each top-level value is
+    written as its own text with each line after the first indented 4 more spaces (as in
+    ``blend_entry``): strings, integers and null as json writes them, containers (the split matrix
+    and tokenizer every entry shares) indented once per distinct value."""
+    if not identifiers or not all(type(k) is str for k in identifiers):
+        return json.dumps(identifiers, indent=4)
+    return "{\n" + ",\n".join(f"    {encode_basestring_ascii(k)}: {_value_text(v)}"
+                                for k, v in identifiers.items()) + "\n}"
+
+
+#: the texts of nested values by their compact encoding, which determines the indented one
+_NESTED: dict[str, str] = {}
+
+
+def _value_text(value: Any) -> str:
+    kind = type(value)
+    if kind is str:
+        return encode_basestring_ascii(value)
+    if kind is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    if kind not in (dict, list, tuple):
+        return json.dumps(value)
+    key = json.dumps(value)  # the C encoder: a few microseconds
+    text = _NESTED.get(key)
+    if text is None:
+        if len(_NESTED) >= 64:
+            _NESTED.clear()
+        text = _NESTED[key] = json.dumps(value, indent=4).replace("\n", "\n    ")
+    return text
 
 
 def blend_entry(directory: str, children: list["CacheEntry"], split_name: str, weights: list,

@@ -1,3 +1,6 @@
+import json
+import random
+
 import numpy as np
 import pytest
 
@@ -68,5 +71,32 @@ def test_blend_description_spliced_from_children_equals_json_dumps(tmp_path, wei
                 for i, n in enumerate([5, None, 0])]
     entry = blend_entry(str(tmp_path), children, "valid", weights, size)
     ids = blend_identifiers([c.identifiers for c in children], "valid", weights, size)
-    assert entry.description == describe(ids)
+    assert entry.description == json.dumps(ids, indent=4)
     assert entry.hash == CacheEntry(str(tmp_path), ids).hash
+
+
+def _random_value(rng: random.Random, depth: int):
+    scalars = [None, True, False, 0, -7, 2**70, 0.1, 1e-300, -2.5e10, float("inf"), "", "é \"q\"\n\t\\", "\U0001f600"]
+    kind = rng.randrange(5 if depth < 3 else 1)
+    if kind == 0:
+        return rng.choice(scalars)
+    if kind in (1, 2):
+        items = [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+        return items if kind == 1 else tuple(items)
+    keys = ["a", "class", "ü", "", 3, 1.5, True, None]
+    return {rng.choice(keys): _random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+def test_describe_equals_json_dumps_indent_4():
+    """Megatron's description is json.dumps(indent=4); describe reuses nested values' texts, so
+    values that repeat over entries and values of every kind and nesting are checked."""
+    rng = random.Random(0)
+    shared = {"split_matrix": [(0, 0.969), (0.969, 0.999), (0.999, 1.0)], "tokenizer": {"class": "T", "n": None}}
+    for case in range(2000):
+        ids = {k: _random_value(rng, 1) for k in rng.sample(["class", "dataset_path", "num_samples", "ü", ""], 3)}
+        if case % 3 == 0:
+            ids.update(shared)
+        if case % 50 == 0:
+            ids[7] = "a key json writes as a string"
+        assert describe(ids) == json.dumps(ids, indent=4)
+    assert describe({}) == "{}"
