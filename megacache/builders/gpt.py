@@ -339,7 +339,9 @@ class GPTBuild:
                        or (comm.size > 1 and j.plan.document_index_length > SHARED_FRACTION * total / comm.size)]
         self.shared_ids = {j.index for j in self.shared}
         self.published = False
-        self.tmp = {(j.index, what): tmp_path(j.entry.path(what), tag) for j in self.todo
+        # the temporary files this rank writes: its tasks' and rows of the shared ones
+        self.tmp = {(j.index, what): tmp_path(j.entry.path(what), tag)
+                    for j in {j.index: j for j in (*self.mine, *self.shared)}.values()
                     for what in (*GPT_ARRAYS, "description.txt")}
 
     def build(self, phases: dict[str, float], enter=lambda phase: None) -> None:
