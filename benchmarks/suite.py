@@ -4,12 +4,14 @@ reference output byte for byte; medians, scaling and one JSON line per workload.
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import tempfile
 import time
 
 from .harness import (
+    ROOT,
     BenchmarkFailure,
     append_record,
     describe_outputs,
@@ -58,9 +60,14 @@ def _release(path: str) -> None:
 def warm_up(name: str) -> None:
     """Run megacache once on the smoke-sized case of workload ``name``, unmeasured: numba compiles
     a kernel on its first call after a change and caches it, and that compile (seconds) belongs to
-    no measurement (megatron-core's helpers come prebuilt)."""
+    no measurement (megatron-core's helpers come prebuilt). The same for Python's bytecode: an
+    installed package (megatron-core) has its modules compiled at install, while a checkout run
+    where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) would compile megacache's
+    and this package's sources in every process, 40 ms or more of each rank's start."""
     from .workloads import SUITES
 
+    for package in ("megacache", "benchmarks"):
+        compileall.compile_dir(os.path.join(ROOT, package), quiet=1)
     work = tempfile.mkdtemp(prefix=f"megacache-warm-{name}-")
     try:
         smoke = SUITES["smoke"]
