@@ -143,10 +143,13 @@ class CacheEntry:
         self._check_known()
         return f"{self.hash}-{self.class_name}-{self.split_name}"
 
-    def path(self, what: str) -> str:
+    def file_name(self, what: str) -> str:
         if what not in self.names:
             raise ValueError(f"{self.class_name} caches have no {what!r} file")
-        return os.path.join(self.directory, f"{self.stem}-{what}")
+        return f"{self.stem}-{what}"
+
+    def path(self, what: str) -> str:
+        return os.path.join(self.directory, self.file_name(what))
 
     def paths(self) -> dict[str, str]:
         return {what: self.path(what) for what in self.names}
@@ -167,5 +170,6 @@ def existing(entries) -> list[bool]:
                 listings[e.directory] = {d.name for d in os.scandir(e.directory) if d.is_file()}
             except (FileNotFoundError, NotADirectoryError):
                 listings[e.directory] = set()
-        out.append(all(os.path.basename(p) in listings[e.directory] for p in e.paths().values()))
+        names = listings[e.directory]
+        out.append(all(e.file_name(what) in names for what in e.names))
     return out
