@@ -233,7 +233,7 @@ def publish_many(pairs) -> None:
     """``publish`` for many ``(tmp, final)`` pairs: one syncfs per directory instead of an fsync
     per file, then the renames, then each directory made durable once."""
     pairs = list(pairs)
-    directories = sorted({os.path.dirname(os.path.abspath(final)) for _, final in pairs})
+    directories = sorted({os.path.abspath(d or ".") for d in {os.path.dirname(final) for _, final in pairs}})
     sync_filesystems(directories)
     for tmp, final in pairs:
         os.replace(tmp, final)
