@@ -50,13 +50,19 @@ def blend_identifiers(datasets: list[dict], split_name: str, weights: list, size
 def describe(identifiers: dict) -> str:
     """``json.dumps(identifiers, indent=4)``, exactly, faster: a build describes thousands of
     GPTDatasets on every rank, and json's indenting encoder is pure Python. Each top-level value is
-    written as its own text with each line after the first indented 4 more spaces (as in
-    ``blend_entry``): strings, integers and null as json writes them, containers (the split matrix
-    and tokenizer every entry shares) indented once per distinct value."""
+    written as its own text, ``_nested`` one level (as in ``blend_entry``): strings, integers and
+    null as json writes them, containers (the split matrix and tokenizer every entry shares)
+    indented once per distinct value."""
     if not identifiers or not all(type(k) is str for k in identifiers):
         return json.dumps(identifiers, indent=4)
     return "{\n" + ",\n".join(f"    {encode_basestring_ascii(k)}: {_value_text(v)}"
                                 for k, v in identifiers.items()) + "\n}"
+
+
+def _nested(text: str, depth: int) -> str:
+    """A value's ``json.dumps(indent=4)`` text as it appears nested ``depth`` levels deep: each line
+    after the first indented by 4·depth more spaces (no JSON string holds a raw newline)."""
+    return text.replace("\n", "\n" + "    " * depth)
 
 
 #: the texts of nested values by their compact encoding, which determines the indented one
@@ -78,21 +84,19 @@ def _value_text(value: Any) -> str:
     if text is None:
         if len(_NESTED) >= 64:
             _NESTED.clear()
-        text = _NESTED[key] = json.dumps(value, indent=4).replace("\n", "\n    ")
+        text = _NESTED[key] = _nested(json.dumps(value, indent=4), 1)
     return text
 
 
 def blend_entry(directory: str, children: list["CacheEntry"], split_name: str, weights: list,
                 size: int | None) -> "CacheEntry":
     """A BlendedDataset's entry, its description made from its children's without encoding them
-    again (a blend of 1000 datasets is ~1 MB of JSON, on every rank). Exact: ``json.dumps(indent=4)``
-    writes a value nested at depth d as its own text with each line after the first indented by
-    4·d more spaces, and no JSON string holds a raw newline."""
+    again (a blend of 1000 datasets is ~1 MB of JSON, on every rank), each at depth 2 (``_nested``)."""
     ids = blend_identifiers([c.identifiers for c in children], split_name, weights, size)
     placeholder = '"\\u0000"'  # how json.dumps writes the one-character string chr(0)
     shell = describe(blend_identifiers([chr(0)], split_name, weights, size))
-    nested = ",\n        ".join(c.description.replace("\n", "\n        ") for c in children)
-    return CacheEntry(directory, ids, shell.replace(placeholder, nested, 1))
+    texts = ",\n        ".join(_nested(c.description, 2) for c in children)
+    return CacheEntry(directory, ids, shell.replace(placeholder, texts, 1))
 
 
 def description_hash(description: str) -> str:
