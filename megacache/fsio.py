@@ -55,11 +55,21 @@ def _bytes(data: Any) -> memoryview:
 
 
 def pwrite_all(fd: int, data: Any, offset: int) -> None:
-    """Write all of ``data`` (bytes or a C-contiguous array) at ``offset``; pwrite may be short."""
-    view = _bytes(data)
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
+    """Write all of ``data`` (bytes or a C-contiguous array) at ``offset``."""
+    pwritev_all(fd, [_bytes(data)], offset)
+
+
+def pwritev_all(fd: int, views: list[memoryview], offset: int) -> None:
+    """Write the byte views end to end from ``offset``: one system call where the kernel takes
+    them whole (pwritev may be short)."""
+    views = [v for v in views if len(v)]
+    while views:
+        done = os.pwritev(fd, views, offset)
+        offset += done
+        while views and done >= len(views[0]):
+            done -= len(views.pop(0))
+        if done:
+            views[0] = views[0][done:]
 
 
 #: writes of at least this many bytes go through O_DIRECT where the filesystem takes it
@@ -118,9 +128,7 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: i
         first = last = end
 
     def buffered(lo: int, hi: int) -> None:  # file positions [lo, hi) through ``fd``
-        for span in _spans(views, lo - start, hi - start):
-            pwrite_all(fd, span, lo)
-            lo += len(span)
+        pwritev_all(fd, list(_spans(views, lo - start, hi - start)), lo)
 
     buffered(start, first)
     position = first

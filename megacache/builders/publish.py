@@ -7,14 +7,13 @@ import json
 import os
 
 from ..errors import FormatError
-from ..fsio import STATE_DIR, publish_many, read_json, write_atomic
+from ..fsio import STATE_DIR, publish_many, read_json, write_atomic, write_new_file
 
 
 def write_description(entry, tmp: str) -> None:
     """An entry's description under its temporary name, written with its arrays so that the sync
     before publishing covers it too."""
-    with open(tmp, "wb") as f:
-        f.write(entry.description.encode("utf-8"))
+    write_new_file(tmp, [entry.description.encode("utf-8")])
 
 
 def publish_entries(items) -> None:
