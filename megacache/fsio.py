@@ -251,8 +251,7 @@ def publish_many(pairs) -> None:
 
 def write_atomic(path: str, data: bytes) -> None:
     tmp = tmp_path(path, str(os.getpid()))
-    with open(tmp, "wb") as f:
-        f.write(data)
+    write_new_file(tmp, [data])
     publish(tmp, path)
 
 

@@ -230,8 +230,8 @@ class Survey:
 
 def survey_datasets(requests: list[GPTRequest], datasets: Datasets, comm: Comm) -> dict[str, Survey]:
     """Every prefix's ``Survey`` in request order, each taken by one rank (prefixes dealt round
-    robin, opened by ``open_all``) and allgathered: each rank holds O(datasets) small records, and each
-    dataset is opened by one rank. Errors agreed collectively."""
+    robin, opened by ``open_all``) and allgathered: each rank holds O(datasets) small records, and
+    each dataset is opened by one rank. Errors agreed collectively."""
     bookends: dict[str, set] = {}
     for r in requests:
         bookends.setdefault(r.data_path, set()).add(tuple(r.bookends))
