@@ -7,6 +7,7 @@ Run from the repository root::
     python -m benchmarks report [--results FILE] [--suite NAME] [--readme README.md]  # plots + TABLE.md (+ README table) from the file alone
     python -m benchmarks scale-report [--results FILE] [--readme README.md]  # SCALE.md: one workload against its size
     python -m benchmarks project [--results FILE] [--scale-results FILE] [--output FILE]   # docs/benchmarks-projection.md
+    python -m benchmarks floor [--factor F] [--ranks P] [--repeats N] [--results FILE]  # the build beside its start-up and its files alone
 
 Workloads (``workloads.py``; sizes scale by the factor, 1 = the issue's sizes): ``tokenize`` (generated
 text, a trained 32k BPE), ``build_gpt`` (one large synthetic dataset), ``build_blend`` (a
@@ -18,6 +19,7 @@ into a new directory; outputs of many files are deleted only when their workload
 
 Modules: ``probe`` (runs a module and records its peak RSS, CPU and bytes written), ``harness``
 (processes, outputs, machine, results file), ``reference`` (megatron-core's side), ``kernel``
-(megacache's chunked blend under MPI), ``suite`` (the measurements), ``report``, ``project``.
+(megacache's chunked blend under MPI), ``suite`` (the measurements), ``report``, ``project``, ``floor``
+(what start-up and the output files alone cost).
 This file stays import-free: every probed process imports it first.
 """

@@ -55,6 +55,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="the scale suite's results: its largest build_blend is used when the file exists")
     p.add_argument("--suite", help="only this suite's records (default: each workload's largest factor)")
     p.add_argument("--output", default=os.path.join("docs", "benchmarks-projection.md"))
+    p = sub.add_parser("floor", help="the 1000-dataset build beside its start-up alone and its files alone: what "
+                                     "this machine costs any build of that cache (see benchmarks/floor.py)")
+    p.add_argument("--suite", choices=list(SUITES), default="scale", help="whose blend (its number of datasets)")
+    p.add_argument("--factor", type=float, default=1.0, help="size factor, 1 = the issue's sizes")
+    p.add_argument("--ranks", type=int, default=2, help="megacache ranks (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each; medians are reported (default 3)")
+    p.add_argument("--results", help="JSON-lines file to append to (default benchmarks/results/floor.jsonl)")
     args = ap.parse_args(argv)
 
     try:
@@ -80,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             from . import report
 
             print("wrote " + ", ".join(report.write_report(args.results, suite=args.suite, readme=args.readme)))
+        elif args.command == "floor":
+            from . import floor
+
+            if args.repeats < 1 or args.ranks < 1:
+                ap.error("--repeats and --ranks must be at least 1")
+            floor.measure_floor(args.suite, args.factor, args.ranks, args.repeats, args.results or floor.FLOOR_RESULTS)
         elif args.command == "scale-report":
             from . import report
 

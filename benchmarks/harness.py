@@ -116,11 +116,12 @@ def same_outputs(ours: str, theirs: str) -> None:
 def describe_outputs(directory: str) -> dict:
     """Files and bytes (in all and per file suffix), and for each kind of ``.npy`` array (the
     name after the last ``-``, e.g. ``sample_index``) its elements and bytes: what the
-    projection scales by."""
+    projection scales by. megacache's state directory is not an output."""
     from megacache.formats.npy import read_npy_header
+    from megacache.fsio import STATE_DIR
 
     kinds: dict[str, dict[str, int]] = {}
-    names = sorted(os.listdir(directory))
+    names = sorted(n for n in os.listdir(directory) if n != STATE_DIR)
     for name in names:
         if name.endswith(".npy"):
             dtype, shape = read_npy_header(os.path.join(directory, name))

@@ -74,3 +74,38 @@ def test_sizes_measured_in_one_run_give_the_scale_report(tmp_path):
     text = readme.read_text()
     assert text.startswith("a\n<!-- scale table: start -->") and text.endswith("<!-- scale table: end -->\nb\n")
     assert "old" not in text and "Growth from factor 0.0002 to 0.001" in text
+
+
+def test_floor_times_the_build_beside_its_start_up_and_its_files_alone(tmp_path):
+    """``python -m benchmarks floor``: per repeat the build, its ranks' start-up alone and its output
+    files written alone, each timed from outside; one record with the three medians."""
+    results = str(tmp_path / "floor.jsonl")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "floor", "--suite", "smoke", "--factor", "0.0002",
+                          "--repeats", "1", "--results", results],
+                         cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (record,) = [json.loads(line) for line in open(results)]
+    assert record["benchmark"] == "floor" and record["ranks"] == 2 and record["params"]["datasets"] == 20
+    for side in ("build", "start", "files"):
+        assert len(record[side]["runs"]) == 1 and record[side]["median"]["wall_s"] > 0, side
+    assert set(record["start"]["median"]["phases"]) == {"first_kernel", "other"}
+    assert set(record["files"]["median"]["phases"]) == {"write", "sync", "rename", "other"}
+    # 20 datasets x 3 splits x 4 files, and 3 blends x 3 files
+    assert record["outputs"]["files"] == 249
+    assert "the two together:" in run.stdout and "(249 files," in run.stdout
+
+
+def test_floor_files_writes_the_same_names_and_sizes_split_over_the_ranks(tmp_path):
+    source, dest = tmp_path / "source", tmp_path / "dest"
+    source.mkdir()
+    dest.mkdir()
+    (source / ".megacache").mkdir()  # megacache's state directory: not an output
+    sizes = {f"entry-{i}.npy": 1000 * i + 7 for i in range(5)}
+    for name, size in sizes.items():
+        (source / name).write_bytes(os.urandom(size))
+    run = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-m", "benchmarks.floor", "files", str(source),
+                          str(dest)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert {p.name: p.stat().st_size for p in dest.iterdir()} == sizes
+    assert re.fullmatch(r"  phases: write [0-9.]+ s, sync [0-9.]+ s, rename [0-9.]+ s\n", run.stdout), run.stdout

@@ -1,0 +1,152 @@
+"""How much of a build's wall time this machine leaves megacache to cut: ``python -m benchmarks floor``.
+
+Per repeat, one after another, each a fresh ``mpiexec -n P`` timed from outside after a sync
+(``harness.run_program``):
+
+* the build: ``megacache build`` of the 1000-dataset blend (``workloads.build_blend``);
+* start-up alone: P ranks that import what a build's ranks import (numpy, numba, MPI), meet once
+  and load one cached numba kernel, and exit;
+* the files alone: P ranks that write the build's output files (the same names and sizes,
+  round-robin over the ranks) the way a build makes them durable and visible: each under a
+  temporary name, then one sync, then the renames. Nothing is computed.
+
+Start-up and the files are costs any build of that cache pays here however fast its algorithms,
+so their sum against the build's time (and against a target, such as 10x megatron-core's time
+in the scale suite) is what megacache's own work can still gain. One JSON line per run in
+``benchmarks/results/floor.jsonl``.
+
+The ranks' side runs as ``python -m benchmarks.floor start`` and ``… files SOURCE DEST``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from .harness import append_record, describe_outputs, machine_info, run_program, summarize
+
+FLOOR_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "floor.jsonl")
+
+
+def start() -> None:
+    """A build rank's start-up and nothing else."""
+    import numpy as np
+
+    from megacache.cli import import_numba_for_kernels
+
+    import_numba_for_kernels()
+    from megacache.algorithms.gpt_index import length_stats
+    from megacache.comm import get_comm
+
+    comm = get_comm()
+    comm.barrier()
+    t = time.perf_counter()
+    length_stats(np.zeros(1, np.int32), 0)  # numba installs its registries, then loads the kernel
+    kernel = time.perf_counter() - t
+    comm.barrier()
+    if comm.rank == 0:
+        print(f"  phases: first_kernel {kernel:.3f} s")
+
+
+def files(source: str, dest: str) -> None:
+    """``source``'s files (megacache's state directory aside) written anew into ``dest``, this rank
+    every P-th by name: temporary names, one sync, the renames, the directory synced."""
+    from megacache.comm import get_comm
+    from megacache.fsio import STATE_DIR, sync_filesystems
+
+    comm = get_comm()
+    names = sorted(n for n in os.listdir(source) if n != STATE_DIR)[comm.rank::comm.size]
+    sizes = [os.path.getsize(os.path.join(source, n)) for n in names]
+    data = memoryview(bytes(max(sizes, default=0)))
+    comm.barrier()
+    marks = [time.perf_counter()]
+    for name, size in zip(names, sizes):
+        fd = os.open(os.path.join(dest, name + ".tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            done = 0
+            while done < size:
+                done += os.write(fd, data[done:size])
+        finally:
+            os.close(fd)
+    marks.append(time.perf_counter())
+    sync_filesystems([dest])
+    comm.barrier()
+    marks.append(time.perf_counter())
+    for name in names:
+        os.replace(os.path.join(dest, name + ".tmp"), os.path.join(dest, name))
+    sync_filesystems([dest])
+    comm.barrier()
+    marks.append(time.perf_counter())
+    if comm.rank == 0:
+        write, sync, rename = (b - a for a, b in zip(marks, marks[1:]))
+        print(f"  phases: write {write:.3f} s, sync {sync:.3f} s, rename {rename:.3f} s")
+
+
+def measure_floor(suite_name: str, factor: float, ranks: int, repeats: int, results: str) -> dict:
+    """The three runs ``repeats`` times at ``ranks``; their medians appended to ``results``."""
+    from .suite import warm_up
+    from .workloads import SUITES, build_blend
+
+    warm_up("build_blend")
+    work = tempfile.mkdtemp(prefix="megacache-floor-")
+    try:
+        case = build_blend(work, SUITES[suite_name], factor)
+        runs: dict[str, list[dict]] = {"build": [], "start": [], "files": []}
+        for rep in range(repeats):
+            # new directories every time: a create right after a mass delete is slow here (suite._release)
+            out, copy = os.path.join(work, f"build-{rep}"), os.path.join(work, f"files-{rep}")
+            os.makedirs(out)
+            os.makedirs(copy)
+            runs["build"].append(run_program(case.megacache(out), ranks, work))
+            runs["start"].append(run_program(["benchmarks.floor", "start"], ranks, work))
+            runs["files"].append(run_program(["benchmarks.floor", "files", out, copy], ranks, work))
+            print(f"  repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]['wall_s']:.2f} s" for k, v in runs.items()),
+                  flush=True)
+        outputs = describe_outputs(out)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    record = {"benchmark": "floor", "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "suite": suite_name,
+              "factor": factor, "ranks": ranks, "repeats": repeats, "params": case.params, "outputs": outputs,
+              "machine": machine_info(),
+              **{k: {"runs": v, "median": summarize(v)} for k, v in runs.items()}}
+    append_record(results, record)
+    print(summary(record))
+    return record
+
+
+def summary(record: dict) -> str:
+    m = {k: record[k]["median"] for k in ("build", "start", "files")}
+    outputs = record["outputs"]
+    floor_wall = m["start"]["wall_s"] + m["files"]["wall_s"]
+    floor_cpu = m["start"]["cpu_s"] + m["files"]["cpu_s"]
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in m["files"]["phases"].items() if k != "other")
+    return "\n".join([
+        f"floor of the {record['params']['datasets']}-dataset build, factor {record['factor']:g}, P = {record['ranks']}, "
+        f"medians of {record['repeats']} ({record['machine']['cpus_usable']} cores; wall, CPU summed over ranks):",
+        f"  the build:         {m['build']['wall_s']:.2f} s, {m['build']['cpu_s']:.2f} CPU s",
+        f"  start-up alone:    {m['start']['wall_s']:.2f} s, {m['start']['cpu_s']:.2f} CPU s "
+        f"(first kernel {m['start']['phases']['first_kernel']:.2f} s)",
+        f"  its files alone:   {m['files']['wall_s']:.2f} s, {m['files']['cpu_s']:.2f} CPU s "
+        f"({outputs['files']:,} files, {outputs['bytes'] / 1e6:,.0f} MB: {phases})",
+        f"  the two together:  {floor_wall:.2f} s ({floor_wall / m['build']['wall_s']:.0%} of the build), "
+        f"{floor_cpu:.2f} CPU s ({floor_cpu / m['build']['cpu_s']:.0%})",
+    ])
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["start"] and len(argv) == 1:
+        start()
+    elif argv[:1] == ["files"] and len(argv) == 3:
+        files(argv[1], argv[2])
+    else:
+        sys.exit("usage: python -m benchmarks.floor start | files SOURCE DEST (a rank's side of `python -m "
+                 "benchmarks floor`)")
+    gc.freeze()  # and exit as a build's rank does (megacache.cli.run)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
