@@ -7,7 +7,7 @@ Run from the repository root::
     python -m benchmarks report [--results FILE] [--suite NAME] [--readme README.md]  # plots + TABLE.md (+ README table) from the file alone
     python -m benchmarks scale-report [--results FILE] [--readme README.md]  # SCALE.md: one workload against its size
     python -m benchmarks project [--results FILE] [--scale-results FILE] [--output FILE]   # docs/benchmarks-projection.md
-    python -m benchmarks floor [--factor F] [--ranks P] [--repeats N] [--results FILE]  # the build beside its start-up and its files alone
+    python -m benchmarks floor [--factor F] [--ranks P] [--repeats N] [--results FILE]  # the build (and megatron-core's) beside its start-up and its files alone
 
 Workloads (``workloads.py``; sizes scale by the factor, 1 = the issue's sizes): ``tokenize`` (generated
 text, a trained 32k BPE), ``build_gpt`` (one large synthetic dataset), ``build_blend`` (a

@@ -55,8 +55,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the scale suite's results: its largest build_blend is used when the file exists")
     p.add_argument("--suite", help="only this suite's records (default: each workload's largest factor)")
     p.add_argument("--output", default=os.path.join("docs", "benchmarks-projection.md"))
-    p = sub.add_parser("floor", help="the 1000-dataset build beside its start-up alone and its files alone: what "
-                                     "this machine costs any build of that cache (see benchmarks/floor.py)")
+    p = sub.add_parser("floor", help="megatron-core and megacache building the 1000-dataset blend, beside "
+                                     "megacache's start-up alone and its files alone: what this machine costs any "
+                                     "build of that cache (see benchmarks/floor.py)")
     p.add_argument("--suite", choices=list(SUITES), default="scale", help="whose blend (its number of datasets)")
     p.add_argument("--factor", type=float, default=1.0, help="size factor, 1 = the issue's sizes")
     p.add_argument("--ranks", type=int, default=2, help="megacache ranks (default 2)")

@@ -3,7 +3,9 @@
 Per repeat, one after another, each a fresh ``mpiexec -n P`` timed from outside after a sync
 (``harness.run_program``):
 
-* the build: ``megacache build`` of the 1000-dataset blend (``workloads.build_blend``);
+* the reference: megatron-core building the same cache, one process (as in the suite);
+* the build: ``megacache build`` of the 1000-dataset blend (``workloads.build_blend``), its files
+  compared with the reference's byte for byte;
 * start-up alone: P ranks that import what a build's ranks import (numpy, numba, MPI), meet once
   and load one cached numba kernel, and exit;
 * the files alone: P ranks that write the build's output files (the same names and sizes,
@@ -11,8 +13,8 @@ Per repeat, one after another, each a fresh ``mpiexec -n P`` timed from outside 
   temporary name, then one sync, then the renames. Nothing is computed.
 
 Start-up and the files are costs any build of that cache pays here however fast its algorithms,
-so their sum against the build's time (and against a target, such as 10x megatron-core's time
-in the scale suite) is what megacache's own work can still gain. One JSON line per run in
+so their sum against the build's time, and against the CPU time the cores give in a tenth of
+megatron-core's, is what megacache's own work can still gain. One JSON line per run in
 ``benchmarks/results/floor.jsonl``.
 
 The ranks' side runs as ``python -m benchmarks.floor start`` and ``… files SOURCE DEST``.
@@ -27,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from .harness import append_record, describe_outputs, machine_info, run_program, summarize
+from .harness import append_record, describe_outputs, machine_info, run_program, same_outputs, summarize
 
 FLOOR_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "floor.jsonl")
 
@@ -56,7 +58,7 @@ def files(source: str, dest: str) -> None:
     """``source``'s files (megacache's state directory aside) written anew into ``dest``, this rank
     every P-th by name: temporary names, one sync, the renames, the directory synced."""
     from megacache.comm import get_comm
-    from megacache.fsio import STATE_DIR, sync_filesystems
+    from megacache.fsio import STATE_DIR, pwrite_all, sync_filesystems
 
     comm = get_comm()
     names = sorted(n for n in os.listdir(source) if n != STATE_DIR)[comm.rank::comm.size]
@@ -67,9 +69,7 @@ def files(source: str, dest: str) -> None:
     for name, size in zip(names, sizes):
         fd = os.open(os.path.join(dest, name + ".tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            done = 0
-            while done < size:
-                done += os.write(fd, data[done:size])
+            pwrite_all(fd, data[:size], 0)
         finally:
             os.close(fd)
     marks.append(time.perf_counter())
@@ -87,7 +87,7 @@ def files(source: str, dest: str) -> None:
 
 
 def measure_floor(suite_name: str, factor: float, ranks: int, repeats: int, results: str) -> dict:
-    """The three runs ``repeats`` times at ``ranks``; their medians appended to ``results``."""
+    """The four runs ``repeats`` times (megacache's at ``ranks``); their medians appended to ``results``."""
     from .suite import warm_up
     from .workloads import SUITES, build_blend
 
@@ -95,18 +95,20 @@ def measure_floor(suite_name: str, factor: float, ranks: int, repeats: int, resu
     work = tempfile.mkdtemp(prefix="megacache-floor-")
     try:
         case = build_blend(work, SUITES[suite_name], factor)
-        runs: dict[str, list[dict]] = {"build": [], "start": [], "files": []}
+        runs: dict[str, list[dict]] = {"reference": [], "build": [], "start": [], "files": []}
         for rep in range(repeats):
             # new directories every time: a create right after a mass delete is slow here (suite._release)
-            out, copy = os.path.join(work, f"build-{rep}"), os.path.join(work, f"files-{rep}")
-            os.makedirs(out)
-            os.makedirs(copy)
+            theirs, out, copy = (os.path.join(work, f"{side}-{rep}") for side in ("reference", "build", "files"))
+            for d in (theirs, out, copy):
+                os.makedirs(d)
+            runs["reference"].append(run_program(case.reference(theirs), None, work))
             runs["build"].append(run_program(case.megacache(out), ranks, work))
+            same_outputs(out, theirs)
             runs["start"].append(run_program(["benchmarks.floor", "start"], ranks, work))
             runs["files"].append(run_program(["benchmarks.floor", "files", out, copy], ranks, work))
             print(f"  repeat {rep + 1}: " + ", ".join(f"{k} {v[-1]['wall_s']:.2f} s" for k, v in runs.items()),
                   flush=True)
-        outputs = describe_outputs(out)
+        outputs = describe_outputs(theirs)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     record = {"benchmark": "floor", "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "suite": suite_name,
@@ -119,21 +121,26 @@ def measure_floor(suite_name: str, factor: float, ranks: int, repeats: int, resu
 
 
 def summary(record: dict) -> str:
-    m = {k: record[k]["median"] for k in ("build", "start", "files")}
-    outputs = record["outputs"]
+    m = {k: record[k]["median"] for k in ("reference", "build", "start", "files")}
+    outputs, cores = record["outputs"], record["machine"]["cpus_usable"]
     floor_wall = m["start"]["wall_s"] + m["files"]["wall_s"]
     floor_cpu = m["start"]["cpu_s"] + m["files"]["cpu_s"]
+    tenth = m["reference"]["wall_s"] / 10
     phases = ", ".join(f"{k} {v:.2f}" for k, v in m["files"]["phases"].items() if k != "other")
     return "\n".join([
         f"floor of the {record['params']['datasets']}-dataset build, factor {record['factor']:g}, P = {record['ranks']}, "
-        f"medians of {record['repeats']} ({record['machine']['cpus_usable']} cores; wall, CPU summed over ranks):",
-        f"  the build:         {m['build']['wall_s']:.2f} s, {m['build']['cpu_s']:.2f} CPU s",
+        f"medians of {record['repeats']} ({cores} cores; wall, CPU summed over ranks):",
+        f"  megatron-core:     {m['reference']['wall_s']:.2f} s, {m['reference']['cpu_s']:.2f} CPU s",
+        f"  the build:         {m['build']['wall_s']:.2f} s ({m['reference']['wall_s'] / m['build']['wall_s']:.1f}x), "
+        f"{m['build']['cpu_s']:.2f} CPU s",
         f"  start-up alone:    {m['start']['wall_s']:.2f} s, {m['start']['cpu_s']:.2f} CPU s "
         f"(first kernel {m['start']['phases']['first_kernel']:.2f} s)",
         f"  its files alone:   {m['files']['wall_s']:.2f} s, {m['files']['cpu_s']:.2f} CPU s "
         f"({outputs['files']:,} files, {outputs['bytes'] / 1e6:,.0f} MB: {phases})",
         f"  the two together:  {floor_wall:.2f} s ({floor_wall / m['build']['wall_s']:.0%} of the build), "
         f"{floor_cpu:.2f} CPU s ({floor_cpu / m['build']['cpu_s']:.0%})",
+        f"  10x megatron-core: {tenth:.2f} s, in which {cores} cores give at most {tenth * cores:.2f} CPU s, "
+        f"{tenth * cores - floor_cpu:.2f} of them left once start-up and the files are paid",
     ])
 
 

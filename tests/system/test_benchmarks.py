@@ -77,8 +77,9 @@ def test_sizes_measured_in_one_run_give_the_scale_report(tmp_path):
 
 
 def test_floor_times_the_build_beside_its_start_up_and_its_files_alone(tmp_path):
-    """``python -m benchmarks floor``: per repeat the build, its ranks' start-up alone and its output
-    files written alone, each timed from outside; one record with the three medians."""
+    """``python -m benchmarks floor``: per repeat megatron-core's build, megacache's (the same bytes),
+    its ranks' start-up alone and its output files written alone, each timed from outside; one
+    record with the four medians."""
     results = str(tmp_path / "floor.jsonl")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     run = subprocess.run([sys.executable, "-m", "benchmarks", "floor", "--suite", "smoke", "--factor", "0.0002",
@@ -87,13 +88,14 @@ def test_floor_times_the_build_beside_its_start_up_and_its_files_alone(tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     (record,) = [json.loads(line) for line in open(results)]
     assert record["benchmark"] == "floor" and record["ranks"] == 2 and record["params"]["datasets"] == 20
-    for side in ("build", "start", "files"):
+    for side in ("reference", "build", "start", "files"):
         assert len(record[side]["runs"]) == 1 and record[side]["median"]["wall_s"] > 0, side
     assert set(record["start"]["median"]["phases"]) == {"first_kernel", "other"}
     assert set(record["files"]["median"]["phases"]) == {"write", "sync", "rename", "other"}
     # 20 datasets x 3 splits x 4 files, and 3 blends x 3 files
     assert record["outputs"]["files"] == 249
     assert "the two together:" in run.stdout and "(249 files," in run.stdout
+    assert "10x megatron-core:" in run.stdout
 
 
 def test_floor_files_writes_the_same_names_and_sizes_split_over_the_ranks(tmp_path):
