@@ -154,6 +154,20 @@ def hide_torch_from_transformers() -> None:
 
 
 def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
+    # A build makes tens of thousands of short-lived objects and no garbage cycles worth collecting,
+    # and its imports (numba's above all) a large object graph that lives as long as the process:
+    # collecting while they load cost 60 ms of each rank's start here, and full collections during
+    # the build would walk that graph over and over.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _build(args, comm)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build(args: argparse.Namespace, comm: Comm) -> None:
     import_numba_for_kernels()  # first: every rank of a build loads numba kernels
     from .megatron.blends import blend_from_flags
     from .builders.build import BuildConfig, build
@@ -178,15 +192,7 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
                       drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence,
                       surplus=args.mid_level_dataset_surplus, rebuild_stale=args.rebuild_stale,
                       sequences_path=args.per_dataset_sequences_path)
-    # A build makes tens of thousands of short-lived objects and no garbage cycles worth collecting;
-    # without this, full collections walk numba's large import-time object graph over and over.
-    gc.freeze()
-    gc.disable()
-    try:
-        result = build(cfg, comm)
-    finally:
-        gc.enable()
-        gc.unfreeze()
+    result = build(cfg, comm)
     if comm.rank != 0:
         return
     prefixes = list(dict.fromkeys(j.data_path for j in result.gpt))

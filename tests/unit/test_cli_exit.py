@@ -1,8 +1,12 @@
-"""The ``megacache`` process (``cli.run``) exits with every object frozen out of the garbage
-collector: its status, output and exit handlers are a normal exit's."""
+"""The ``megacache`` process and the garbage collector: ``cli.run`` exits with every object frozen
+out of it (its status, output and exit handlers are a normal exit's), and a build runs without it."""
 
+import gc
 import subprocess
 import sys
+
+from megacache import cli
+from support.oracle import write_lengths
 
 RUN = """
 import atexit, gc, sys
@@ -29,3 +33,35 @@ def test_run_exits_with_the_commands_status_and_output(tmp_path):
                            "exit handler ran; frozen: True\n")
     assert sorted(p.name for p in (tmp_path / "corpus").iterdir() if p.stat().st_size) == \
         [f"shard_{i}.jsonl" for i in range(4)]
+
+
+def test_build_runs_without_the_collector_and_leaves_it_as_found(tmp_path):
+    prefix = str(tmp_path / "data")
+    write_lengths(prefix, [5, 9, 0, 30, 12] * 20)
+    cache = tmp_path / "cache"
+    args = ["build", "--data-path", prefix, "--split", "90,10,0", "--seq-length", "8", "--train-samples", "40",
+            "--global-batch-size", "1", "--eval-iters", "2", "--eval-interval", "10", "--tokenizer-type",
+            "NullTokenizer", "--vocab-size", "100", "--data-cache-path", str(cache)]
+    during = []  # collections that start once the build has made its cache directory
+
+    def collection(phase, info):
+        if phase == "start" and cache.is_dir():
+            during.append(info["generation"])
+
+    gc.callbacks.append(collection)
+    try:
+        status = cli.main(args)
+    finally:
+        gc.callbacks.remove(collection)  # first: anything allocated after the build may collect
+    assert status == 0 and during == []
+    assert gc.isenabled()
+    try:
+        for enabled in (True, False):
+            (gc.enable if enabled else gc.disable)()
+            assert cli.main(args) == 0
+            assert gc.isenabled() is enabled
+            # an error raised inside the command restores it too
+            assert cli.main([a for a in args if a not in ("--global-batch-size", "1")]) == 2
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
