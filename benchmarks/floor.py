@@ -36,6 +36,7 @@ FLOOR_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "result
 
 def start() -> None:
     """A build rank's start-up and nothing else."""
+    gc.disable()  # as a build's rank imports (megacache.cli._cmd_build)
     import numpy as np
 
     from megacache.cli import import_numba_for_kernels
