@@ -9,8 +9,8 @@ Per repeat, one after another, each a fresh ``mpiexec -n P`` timed from outside 
 * start-up alone: P ranks that import what a build's ranks import (numpy, numba, MPI), meet once
   and load one cached numba kernel, and exit;
 * the files alone: P ranks that write the build's output files (the same names and sizes,
-  round-robin over the ranks) the way a build makes them durable and visible: each under a
-  temporary name, then one sync, then the renames. Nothing is computed.
+  round-robin over the ranks) the way a build makes them durable and visible, through the same
+  functions: each under a temporary name, then one sync, then the renames. Nothing is computed.
 
 Start-up and the files are costs any build of that cache pays here however fast its algorithms,
 so their sum against the build's time, and against the CPU time the cores give in a tenth of
@@ -29,7 +29,8 @@ import sys
 import tempfile
 import time
 
-from .harness import append_record, describe_outputs, machine_info, run_program, same_outputs, summarize
+from .harness import (append_record, describe_outputs, machine_info, output_names, run_program, same_outputs,
+                      summarize)
 
 FLOOR_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "floor.jsonl")
 
@@ -56,30 +57,26 @@ def start() -> None:
 
 
 def files(source: str, dest: str) -> None:
-    """``source``'s files (megacache's state directory aside) written anew into ``dest``, this rank
-    every P-th by name: temporary names, one sync, the renames, the directory synced."""
+    """``source``'s outputs written anew into ``dest``, this rank every P-th by name, as a build
+    writes and publishes its own: ``fsio.write_new_file`` under temporary names, one sync, then
+    ``fsio.publish_many``."""
     from megacache.comm import get_comm
-    from megacache.fsio import STATE_DIR, pwrite_all, sync_filesystems
+    from megacache.fsio import publish_many, sync_filesystems, tmp_path, write_new_file
 
     comm = get_comm()
-    names = sorted(n for n in os.listdir(source) if n != STATE_DIR)[comm.rank::comm.size]
+    names = output_names(source)[comm.rank::comm.size]
     sizes = [os.path.getsize(os.path.join(source, n)) for n in names]
     data = memoryview(bytes(max(sizes, default=0)))
+    pairs = [(tmp_path(os.path.join(dest, n), "floor"), os.path.join(dest, n)) for n in names]
     comm.barrier()
     marks = [time.perf_counter()]
-    for name, size in zip(names, sizes):
-        fd = os.open(os.path.join(dest, name + ".tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            pwrite_all(fd, data[:size], 0)
-        finally:
-            os.close(fd)
+    for (tmp, _), size in zip(pairs, sizes):
+        write_new_file(tmp, [data[:size]])
     marks.append(time.perf_counter())
     sync_filesystems([dest])
     comm.barrier()
     marks.append(time.perf_counter())
-    for name in names:
-        os.replace(os.path.join(dest, name + ".tmp"), os.path.join(dest, name))
-    sync_filesystems([dest])
+    publish_many(pairs)
     comm.barrier()
     marks.append(time.perf_counter())
     if comm.rank == 0:

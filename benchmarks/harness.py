@@ -99,13 +99,19 @@ def summarize(runs: list[dict]) -> dict:
 # Outputs
 
 
-def same_outputs(ours: str, theirs: str) -> None:
-    """Same file names, same bytes, or a failure naming the files. megacache's state directory
-    (locks, manifest) beside its outputs is its own; any other extra file is a failure."""
+def output_names(directory: str) -> list[str]:
+    """The directory's entries, sorted, but megacache's state directory (locks, manifest), which is
+    its own and no output."""
     from megacache.fsio import STATE_DIR
 
+    return sorted(n for n in os.listdir(directory) if n != STATE_DIR)
+
+
+def same_outputs(ours: str, theirs: str) -> None:
+    """Same file names, same bytes, or a failure naming the files. megacache's state directory
+    beside its outputs is its own; any other extra file is a failure."""
     names = sorted(os.listdir(theirs))
-    mine = sorted(n for n in os.listdir(ours) if n != STATE_DIR)
+    mine = output_names(ours)
     if mine != names:
         raise BenchmarkFailure(f"output file names differ:\n  megacache {mine}\n  reference {names}")
     _, mismatch, errors = filecmp.cmpfiles(ours, theirs, names, shallow=False)
@@ -118,10 +124,9 @@ def describe_outputs(directory: str) -> dict:
     name after the last ``-``, e.g. ``sample_index``) its elements and bytes: what the
     projection scales by. megacache's state directory is not an output."""
     from megacache.formats.npy import read_npy_header
-    from megacache.fsio import STATE_DIR
 
     kinds: dict[str, dict[str, int]] = {}
-    names = sorted(n for n in os.listdir(directory) if n != STATE_DIR)
+    names = output_names(directory)
     for name in names:
         if name.endswith(".npy"):
             dtype, shape = read_npy_header(os.path.join(directory, name))
