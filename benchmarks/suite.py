@@ -58,14 +58,20 @@ def _release(path: str) -> None:
 
 
 def warm_up(name: str) -> None:
-    """Run megacache once on the smoke-sized case of workload ``name``, unmeasured: numba compiles
-    a kernel on its first call after a change and caches it, and that compile (seconds) belongs to
-    no measurement (megatron-core's helpers come prebuilt). The same for Python's bytecode: an
-    installed package (megatron-core) has its modules compiled at install, while a checkout run
-    where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) would compile megacache's
-    and this package's sources in every process, 40 ms or more of each rank's start."""
+    """Compile megacache's kernels for this CPU where they are not yet (``megacache kernels``, the
+    setup a user runs once), then run megacache once on the smoke-sized case of workload ``name``,
+    unmeasured: numba compiles a kernel on its first call after a change and caches it, and that
+    compile (seconds) belongs to no measurement (megatron-core's helpers come prebuilt). The same
+    for Python's bytecode: an installed package (megatron-core) has its modules compiled at install,
+    while a checkout run where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) would
+    compile megacache's and this package's sources in every process, 40 ms or more of each rank's
+    start. ``MEGACACHE_KERNEL_DIR=jit`` measures megacache without the compiled kernels."""
+    from megacache.kernels import compile_library, library_dir, library_path
+
     from .workloads import SUITES
 
+    if library_dir() is not None and not os.path.isfile(library_path(library_dir())):
+        compile_library()
     for package in ("megacache", "benchmarks"):
         compileall.compile_dir(os.path.join(ROOT, package), quiet=1)
     work = tempfile.mkdtemp(prefix=f"megacache-warm-{name}-")

@@ -168,7 +168,14 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _build(args: argparse.Namespace, comm: Comm) -> None:
-    import_numba_for_kernels()  # first: every rank of a build loads numba kernels
+    from .kernels import library_dir, native_library
+
+    if native_library() is None:
+        import_numba_for_kernels()  # first: every rank of this build loads numba's JIT
+        if comm.rank == 0 and library_dir() is not None:
+            print(f"megacache build: note: no kernels compiled for this CPU in {library_dir()}, so every rank "
+                  "loads numba's JIT (about 0.4 s of CPU each); `megacache kernels` compiles them once",
+                  file=sys.stderr, flush=True)
     from .megatron.blends import blend_from_flags
     from .builders.build import BuildConfig, build
     from .megatron.flags import given_flags
@@ -293,6 +300,25 @@ def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
                                     seed=args.seed)
         print(f"megacache sample-corpus: wrote {len(paths)} file(s) to {args.output_dir}", flush=True)
     comm.barrier()
+
+
+def _cmd_kernels(args: argparse.Namespace, comm: Comm) -> None:
+    import time
+
+    from .kernels import compile_library, library_dir, library_path
+
+    start = time.perf_counter()
+
+    def compiled() -> tuple[bool, str]:
+        directory = library_dir()
+        if directory is not None and os.path.isfile(library_path(directory)):
+            return False, library_path(directory)
+        return True, compile_library()
+
+    made, path = comm.on_root(compiled, "kernels")
+    if comm.rank == 0:
+        print(f"megacache kernels: compiled for this CPU in {time.perf_counter() - start:.0f} s: {path}"
+              if made else f"megacache kernels: already compiled for this CPU and this megacache: {path}", flush=True)
 
 
 def _add_version_arg(p: argparse.ArgumentParser) -> None:
@@ -422,6 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--documents", type=int, default=2000, help="documents per file")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_cmd_sample_corpus)
+
+    p = sub.add_parser("kernels", help="compile megacache's kernels for this machine's CPU, once, so that builds start "
+                                       "without numba's JIT (needs a C compiler); into $MEGACACHE_KERNEL_DIR, by default "
+                                       "$XDG_CACHE_HOME/megacache/kernels, where builds look for them")
+    p.set_defaults(func=_cmd_kernels)
     return parser
 
 

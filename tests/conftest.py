@@ -4,6 +4,9 @@ import pytest
 
 # megatron-core warns loudly about optional CUDA extras on import; silence it for the oracle.
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
+# Kernels through numba's JIT, whatever this machine's user has compiled, unless a test asks for
+# the compiled library (the kernel_mode and compiled_kernels fixtures).
+os.environ.setdefault("MEGACACHE_KERNEL_DIR", "jit")
 
 
 @pytest.fixture(scope="session")
@@ -41,3 +44,31 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("reports")
         for line in REPORTS:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def compiled_kernels(tmp_path_factory) -> str:
+    """A directory holding megacache's kernels compiled natively for this CPU (what ``megacache
+    kernels`` makes), the session's own."""
+    from megacache import kernels
+
+    return os.path.dirname(kernels.compile_library(str(tmp_path_factory.mktemp("kernels"))))
+
+
+@pytest.fixture(params=["jit", "native"])
+def kernel_mode(request, monkeypatch):
+    """Run the test's kernels through numba's JIT, then again from the compiled library; in the
+    latter, no call whose types were compiled may have gone to the JIT."""
+    from megacache import kernels
+
+    native = request.param == "native"
+    monkeypatch.setenv("MEGACACHE_KERNEL_DIR", request.getfixturevalue("compiled_kernels") if native else "jit")
+    kernels.forget_library()
+    try:
+        assert (kernels.native_library() is not None) is native
+        yield request.param
+        if native:
+            strays = [(k, key) for k, key in kernels.jit_calls() if key in k.compiled_keys()]
+            assert not strays, f"compiled signatures ran through the JIT: {strays}"
+    finally:
+        kernels.forget_library()

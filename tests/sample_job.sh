@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The main job end to end on the bundled sample corpus, 2 MPI ranks: write the corpus, tokenize it,
-# build the Megatron cache, verify both. Outputs under sample_out/ (or the directory given).
+# The main job end to end on the bundled sample corpus, 2 MPI ranks: compile the kernels for this
+# CPU (once; later runs find them), write the corpus, tokenize it, build the Megatron cache, verify
+# both. Outputs under sample_out/ (or the directory given).
 set -euo pipefail
 OUT="${1:-sample_out}"
+megacache kernels
 megacache sample-corpus --output-dir "$OUT/corpus"
 mpiexec -n 2 megacache tokenize --input "$OUT/corpus" --output-prefix "$OUT/sample" --append-eod
 mpiexec -n 2 megacache build --data-path "$OUT/sample_text_document" --seq-length 256 --train-iters 500 \

@@ -30,13 +30,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
 
 from ..errors import MegacacheError
+from ..kernels import intrinsic, kernel
 from .blend_sizes import MAX_DATASETS
 from .checks import integer
 
@@ -62,13 +59,16 @@ _BUCKETS = 4096
 
 @intrinsic
 def _float_bits(typingctx, x):
+    from llvmlite import ir
+    from numba import types
+
     def codegen(context, builder, sig, args):
         return builder.bitcast(args[0], ir.IntType(64))
 
     return types.int64(types.float64), codegen
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline=True)
 def _key(x):
     """An int64 that orders like the float64 x (-0.0 never occurs here). Integer max/min
     reductions vectorise; float ones do not without fastmath. The kernels write them as
@@ -77,7 +77,7 @@ def _key(x):
     return b ^ ((b >> 63) & _LOW63)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("float64[::1], float64[::1], float64[::1], int64, int16[::1], int64[::1]")
 def _scan_kernel(w, c, cap, start, out_idx, out_sidx):
     """The helpers' loop, one dataset at a time. ``c`` holds float64 counts (+inf once a dataset
     is exhausted, i.e. its count reached ``cap``); updated in place."""
@@ -98,7 +98,7 @@ def _scan_kernel(w, c, cap, start, out_idx, out_sidx):
             c[d] = np.inf
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline=True)
 def _wake_step(w, c, level, s):
     """The first step (from ``s`` on) at which a slot's error ``fl(fl(w·t) - c)`` may reach
     ``level``, rounded early: the slack covers every rounding of the error and of this quotient.
@@ -116,7 +116,8 @@ def _wake_step(w, c, level, s):
     return np.int64(t)
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("float64[::1], float64[::1], float64[::1], int64[::1], int64[::1], int64[::1], int64[::1], "
+        "int64[::1], int64, int16[::1], int64[::1]")
 def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
     """The greedy over slots (see the module docstring): each step scans only the awake slots;
     the others sleep in a bucket queue keyed by the step at which they may reach the level.

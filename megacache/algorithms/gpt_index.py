@@ -28,15 +28,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numba
 import numpy as np
 
 from ..errors import MegacacheError
+from ..kernels import kernel
 from .checks import integer
 from .permutation import MT19937, shuffle
 
 INT32_MAX = int(np.iinfo(np.int32).max)
 UINT32_MAX = int(np.iinfo(np.uint32).max)
+# sample index rows, as Megatron's versions write them: compiled natively for these
+_ROWS = ("int32[:, ::1]", "int64[:, ::1]")
 #: Megatron separates the final epoch when it contributes fewer than int(0.80 * per_epoch) samples.
 SEPARATION_THRESHOLD = 0.80
 #: positions per block of the sample-index walk (its buffers stay in L1)
@@ -263,7 +265,7 @@ def build_document_index(
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("int32[::1], int64, int64", "uint32[::1], int64, int64", "int64[::1], int64, int64")
 def _tile_range(out, lo, hi):
     # One pass, no temporary: numpy's arange is several times slower than a store loop once
     # its result no longer fits in cache.
@@ -304,7 +306,7 @@ def length_stats_reference(lengths: np.ndarray, first: int) -> tuple[int, int, i
     return int(lengths.sum(dtype=np.int64)), int(lengths.max()), checksum
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("int32[::1], uint64")
 def _length_stats(lengths, first):
     tokens = 0
     longest = 0
@@ -329,7 +331,7 @@ def slice_tokens(sizes: np.ndarray, document_index: np.ndarray, first: int = 0) 
     return int(_slice_tokens(np.asarray(sizes), np.asarray(document_index), np.int64(first)))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("int32[::1], int32[::1], int64")
 def _slice_tokens(sizes, document_index, first):
     total = 0
     for p in range(document_index.shape[0]):
@@ -412,7 +414,7 @@ def sample_index_rows(
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(*(f"int32[::1], int32[::1], int64, int64, int64, int64, int64, int64, {r}" for r in _ROWS))
 def _rows_from_lengths(sizes, document_index, first, start, first_position, first_k, L, x, rows):
     # Row k >= 1 is at the first position whose running token count reaches its target k·L + x.
     # A comparison per position would mispredict at every row; instead, per block of positions:
@@ -456,7 +458,7 @@ def _rows_from_lengths(sizes, document_index, first, start, first_position, firs
     return max(0, reached - first_k + 1)
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline=True)
 def _floor_div(v, L):
     """``v // L`` for |v| < 2^53, L > 0, in a form that vectorises (float quotient, then exact
     integer corrections)."""
@@ -494,7 +496,7 @@ def sample_index_reference(sizes: np.ndarray, document_index: np.ndarray, plan: 
     return out
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(*(f"int32[::1], int32[::1], int64, int64, {r}" for r in _ROWS))
 def _walk(sizes, document_index, L, x, out):
     i = 0
     offset = 0

@@ -24,14 +24,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-import numba
 import numpy as np
-from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
 
 from ..errors import MegacacheError
+from ..kernels import intrinsic, kernel
 from .checks import integer
 
 _N = 624  # MT19937 state words
@@ -50,6 +46,8 @@ _BLOCK = 1024
 _AHEAD = 64
 # Arrays of at least this many elements draw on a second thread, this many j's a block.
 _PIPELINE_BLOCK = 1 << 20
+# The arrays builds shuffle (document indices, shuffle indices): compiled natively for these.
+_SHUFFLED = ("int32[::1]", "int64[::1]", "uint32[::1]")
 
 
 class MT19937:
@@ -171,7 +169,7 @@ def random_interval(state: MT19937, max_value: int) -> int:
     return int(_interval_kernel(state.words, np.int64(max_value)))
 
 
-@numba.njit(cache=True)
+@kernel("uint32[::1], int64")
 def _init_genrand(words, seed):
     words[0] = seed
     for k in range(1, _N):
@@ -180,13 +178,13 @@ def _init_genrand(words, seed):
     words[_N] = _N
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline=True)
 def _twisted(key, k, k1, km):
     y = (np.int64(key[k]) & _UPPER) | (np.int64(key[k1]) & _LOWER)
     return np.int64(key[km]) ^ (y >> 1) ^ ((y & 1) * _MATRIX_A)
 
 
-@numba.njit(cache=True)
+@kernel()
 def _twist(key):
     # Regenerate all 624 words in place (numpy's mt19937_gen). Three loops instead of one with
     # "% 624" indices: the modulo made this 10x slower.
@@ -197,7 +195,7 @@ def _twist(key):
     key[_N - 1] = _twisted(key, _N - 1, 0, _M - 1)
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline=True)
 def _temper(y):
     y ^= y >> 11
     y ^= (y << 7) & 0x9D2C5680
@@ -206,7 +204,7 @@ def _temper(y):
     return y
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline=True)
 def _next32(words, pos):
     """(32-bit output as int64, new position)."""
     if pos == _N:
@@ -215,7 +213,7 @@ def _next32(words, pos):
     return _temper(np.int64(words[pos])), pos + 1
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline=True)
 def _smear(x):
     """The smallest 2^k - 1 >= x (numpy's rejection mask)."""
     x |= x >> 1
@@ -227,7 +225,7 @@ def _smear(x):
     return x
 
 
-@numba.njit(cache=True, inline="always")
+@kernel(inline=True)
 def _bounded(words, pos, max_value):
     """numpy's legacy random_interval(max_value) for max_value >= 1: (value, new position)."""
     mask = _smear(max_value)
@@ -247,7 +245,7 @@ def _bounded(words, pos, max_value):
             return value, pos
 
 
-@numba.njit(cache=True)
+@kernel("uint32[::1], int64")
 def _interval_kernel(words, max_value):
     if max_value == 0:
         return np.int64(0)
@@ -259,6 +257,9 @@ def _interval_kernel(words, max_value):
 @intrinsic
 def _prefetch(typingctx, address):
     """Ask for the cache line at ``address`` (an int64) for writing; never faults."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
 
     def codegen(context, builder, sig, args):
         i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
@@ -272,13 +273,13 @@ def _prefetch(typingctx, address):
     return types.void(types.int64), codegen
 
 
-@numba.njit(cache=True)
+@kernel("uint32[::1], int64[::1]")
 def _temper_all(key, out):
     for k in range(_N):
         out[k] = _temper(np.int64(key[k]))
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(*(f"{a}, uint32[::1]" for a in _SHUFFLED))
 def _shuffle_above_u32(a, words):
     """The swaps of i > 2^32 - 1 (64-bit draws, one at a time: rare); the i to continue from."""
     pos = np.int64(words[_N])
@@ -293,7 +294,7 @@ def _shuffle_above_u32(a, words):
     return hi
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel("uint32[::1], int64[::1], int64, int64, int64[::1]")
 def _draw_block(words, tempered, hi, m, js):
     """The j's of swaps i = hi, hi-1, ..., hi-m+1 (hi <= 2^32 - 1) into ``js``, advancing ``words``
     (``tempered`` holds its words tempered, and is kept so)."""
@@ -320,7 +321,7 @@ def _draw_block(words, tempered, hi, m, js):
     words[_N] = pos
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(*(f"{a}, int64[::1], int64, int64" for a in _SHUFFLED))
 def _swap_block(a, js, hi, m):
     """Swap a[i] with a[js[t]] for i = hi - t, t = 0..m-1, prefetching ``_AHEAD`` swaps ahead."""
     base, stride = a.ctypes.data, a.strides[0]
@@ -336,7 +337,7 @@ def _swap_block(a, js, hi, m):
         a[i] = tmp
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(*(f"{a}, uint32[::1], int64[::1], int64" for a in _SHUFFLED))
 def _shuffle_fused(a, words, tempered, hi):
     """Swaps i = hi … 1 (hi <= 2^32 - 1), each raw output drawn and swapped at once: an accepted
     one with a[i], a rejected one as a[i] with itself, so no branch depends on the draw."""
@@ -361,7 +362,7 @@ def _shuffle_fused(a, words, tempered, hi):
     words[_N] = pos
 
 
-@numba.njit(cache=True, nogil=True)
+@kernel(*(f"{a}, uint32[::1], int64[::1], int64" for a in _SHUFFLED))
 def _shuffle_blocks(a, words, tempered, hi):
     """Swaps i = hi … 1 on this thread: a block of j's drawn, then its swaps, in turn."""
     js = np.empty(min(hi, _BLOCK), dtype=np.int64)

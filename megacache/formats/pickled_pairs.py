@@ -29,13 +29,13 @@ parser's state every so many items; ``window`` decodes a range of items from suc
 
 from __future__ import annotations
 
-import functools
 import io
 import pickletools
 
 import numpy as np
 
 from ..errors import FormatError
+from ..kernels import kernel
 
 PROTOCOL = 4
 PREFIX = bytes([0x80, PROTOCOL])
@@ -219,6 +219,8 @@ _STATUS_TEXT = {
 CHECKPOINT = ("position", "item", "marked", "pending", "memos", "frame_end", "offset")
 
 
+@kernel(*(f"{b}, int64[::1], int64, int64, int64[::1], int64[::1], int64, int64[:, ::1]"
+         for b in ("uint8[::1]", "readonly(uint8[::1])")))
 def _decode(buf, resume, first, count, offsets, lengths, every, checkpoints):  # pragma: no cover - compiled
     """Parse ``buf`` from its start (``resume[0] == 0``) or from a checkpoint row ``resume``; keep
     items [first, first+count) into ``offsets``/``lengths``; from a checkpoint, stop once they are
@@ -365,14 +367,6 @@ def _decode(buf, resume, first, count, offsets, lengths, every, checkpoints):  #
     return OK, n, np.int64(-1), items, kept
 
 
-@functools.cache
-def _kernel():
-    """``_decode`` compiled, on first use: writing a .pbin (tokenize) never loads numba."""
-    import numba
-
-    return numba.njit(cache=True, nogil=True)(_decode)
-
-
 def _raise(status: int, where: int, op: int, name: str) -> None:
     label = pickletools.code2op.get(chr(op)).name if 0 <= op < 256 and chr(op) in pickletools.code2op else f"0x{op:02x}"
     text = _STATUS_TEXT[status].format(op=f"{label} (0x{op:02x})" if op >= 0 else "")
@@ -403,7 +397,7 @@ def checkpoints(buf, name: str, every: int) -> tuple[int, np.ndarray]:
     ``every``-th item (none if 0): memory in items / ``every``."""
     buf = _as_bytes(buf)
     rows = np.zeros((len(buf) // (_MIN_ITEM * every) + 1 if every else 0, len(CHECKPOINT)), dtype=np.int64)
-    status, where, op, total, kept = _kernel()(buf, _NO_RESUME, 0, 0, _NONE, _NONE, every, rows)
+    status, where, op, total, kept = _decode(buf, _NO_RESUME, 0, 0, _NONE, _NONE, every, rows)
     if status != OK:
         _raise(status, where, op, name)
     return total, rows[:kept]
@@ -415,7 +409,7 @@ def window(buf, name: str, resume: np.ndarray | None, first: int, count: int) ->
     buf = _as_bytes(buf)
     offsets = np.zeros(count, dtype=np.int64)
     lengths = np.zeros(count, dtype=np.int64)
-    status, where, op, total, _ = _kernel()(buf, _NO_RESUME if resume is None else resume, first, count,
+    status, where, op, total, _ = _decode(buf, _NO_RESUME if resume is None else resume, first, count,
                                                  offsets, lengths, 0, _NO_ROWS)
     if status != OK:
         _raise(status, where, op, name)

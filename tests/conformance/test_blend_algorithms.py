@@ -3,7 +3,9 @@ helpers (``build_blending_indices``, ``build_exhaustive_blending_indices``) and 
 ``normalize`` and ``_get_size_per_split_per_dataset``."""
 
 import itertools
+import os
 import re
+import subprocess
 import warnings
 from types import SimpleNamespace
 
@@ -18,6 +20,9 @@ from megacache.algorithms.blend_kernels import blend_chunk, build_blending_indic
 from megacache.algorithms.blend_sizes import (MAX_DATASETS, Oversample, blend_split_sizes, find_oversampling,
                                               normalize, size_per_split_per_dataset, unweighted_blend_size)
 from megacache.errors import MegacacheError
+
+# every test twice: kernels through numba's JIT, then from the compiled library
+pytestmark = pytest.mark.usefixtures("kernel_mode")
 
 
 @pytest.fixture(scope="session")
@@ -206,9 +211,10 @@ def test_exact_tie_families(mcore):
         )
 
 
-def test_kernels_contain_no_fused_multiply_add():
+def test_kernels_contain_no_fused_multiply_add(compiled_kernels):
     """numba compiles without fast-math, so LLVM may not contract w*t - c into an FMA; check the
-    machine code (cached kernels cannot be disassembled, so compile the same functions afresh)."""
+    machine code: the JIT's (cached kernels cannot be disassembled, so compile the same functions
+    afresh) and the compiled library's (for this CPU, which has FMA)."""
     w = np.full(300, 1 / 300)
     slots = blend_kernels._Slots.build(w, np.full(300, np.inf), np.zeros(300, np.int64))
     out = np.empty(10, np.int16), np.empty(10, np.int64)
@@ -216,11 +222,15 @@ def test_kernels_contain_no_fused_multiply_add():
         (blend_kernels._scan_kernel, (w, np.zeros(300), np.full(300, np.inf), 0, *out)),
         (blend_kernels._wake_kernel, (*slots, 0, *out)),
     ]:
-        fresh = numba.njit(nogil=True)(kernel.py_func)
+        fresh = numba.njit(nogil=True)(kernel.dispatcher().py_func)
         fresh(*args)
         asm = fresh.inspect_asm(fresh.signatures[0])
         assert re.search(r"\bv?mul[sp]d\b", asm), "disassembly looks wrong"
         assert not re.search(r"\bv?fn?m(add|sub)", asm), f"{kernel.__name__} uses fused multiply-add"
+    [library] = [os.path.join(compiled_kernels, n) for n in os.listdir(compiled_kernels) if n.endswith(".so")]
+    asm = subprocess.run(["objdump", "-d", library], capture_output=True, text=True, check=True).stdout
+    assert re.search(r"\bv?mul[sp]d\b", asm), "disassembly looks wrong"
+    assert not re.search(r"\bv?fn?m(add|sub)", asm), "the compiled library uses fused multiply-add"
 
 
 # ------------------------------------------------------------------------------------------------

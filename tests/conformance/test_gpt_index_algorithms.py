@@ -4,6 +4,7 @@ real .bin/.idx files, and its C++ helpers)."""
 
 import dataclasses
 import json
+import os
 import pickle
 
 import numpy as np
@@ -31,6 +32,10 @@ from megacache.algorithms.splits import parse_split, split_matrix, split_ranges
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import write_dataset
 from support.oracle import load_mcore, megatron_splits, random_lengths, write_lengths
+
+# every test twice: kernels through numba's JIT, then from the compiled library
+pytestmark = pytest.mark.usefixtures("kernel_mode")
+
 
 @pytest.fixture(scope="session")
 def mcore(megatron):
@@ -673,5 +678,6 @@ else:
     assert scipy.linalg.det(np.eye(2)) == 1.0
 print("ok")
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "MEGACACHE_KERNEL_DIR": "jit"})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
