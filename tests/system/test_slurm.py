@@ -59,7 +59,7 @@ def read_dir(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}  # not megacache's state directory
 
 
-def test_prebuild_job_under_sbatch_equals_a_single_rank_build(tmp_path):
+def test_prebuild_job_under_sbatch_equals_a_single_rank_build(tmp_path, compiled_kernels):
     require_slurm()
     # The job imports this checkout's megacache, and runs as a plain Slurm job, not inside any
     # launcher this test might run under.
@@ -72,12 +72,13 @@ def test_prebuild_job_under_sbatch_equals_a_single_rank_build(tmp_path):
     # sbatch's own --export=NAME=value list.
     env.update(INPUT=str(corpus), OUTPUT_PREFIX=str(prefix), DATA_CACHE_PATH=str(cache),
                BUILD_ARGS=f"--split '{SPLIT}' " + " ".join(BUILD_FLAGS), VERIFY_ARGS="--vocab-size 257",
-               MEGACACHE=f"{sys.executable} -m megacache")
+               MEGACACHE=f"{sys.executable} -m megacache", MEGACACHE_KERNEL_DIR=compiled_kernels)
     job = sbatch_wait(["--export=ALL", f"--chdir={tmp_path}", f"--output={log}", "--time=00:02:00",
                        str(REPO / "slurm" / "prebuild.sbatch")], env=env)
     output = log.read_text() if log.exists() else "(no job output file)"
     assert job.returncode == 0, job.stdout + job.stderr + output
 
+    assert "megacache kernels: already compiled for this CPU" in output, output
     # Both srun steps ran as one 2-rank MPI job (two singletons would each report 1 rank).
     assert output.count("on 2 rank(s)") == 2, output
     assert "on 1 rank(s)" not in output, output
