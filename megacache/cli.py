@@ -174,7 +174,7 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
         import_numba_for_kernels()  # first: every rank of this build loads numba's JIT
         if comm.rank == 0 and library_dir() is not None:
             print(f"megacache build: note: no kernels compiled for this CPU in {library_dir()}, so every rank "
-                  "loads numba's JIT (about 0.4 s of CPU each); `megacache kernels` compiles them once",
+                  "loads numba's JIT (about 0.35 s of CPU each); `megacache kernels` compiles them once",
                   file=sys.stderr, flush=True)
     from .megatron.blends import blend_from_flags
     from .builders.build import BuildConfig, build

@@ -151,7 +151,7 @@ def test_builds_with_the_compiled_library_never_import_numba(tmp_path):
         assert run.returncode == 0, run.stderr[-3000:]
         assert run.stdout.endswith(f"numba imported: {mode != 'native'}\n")
         note = (f"megacache build: note: no kernels compiled for this CPU in {tmp_path / 'none'}, so every rank loads "
-                "numba's JIT (about 0.4 s of CPU each); `megacache kernels` compiles them once\n")
+                "numba's JIT (about 0.35 s of CPU each); `megacache kernels` compiles them once\n")
         assert run.stderr == (note if mode == "missing" else "")
         outputs[mode] = {p.name: p.read_bytes() for p in cache.iterdir() if p.is_file()}
     # per dataset and split 3 arrays and a description, per split a blend's 2 and one, the sequence counts
