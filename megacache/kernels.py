@@ -321,7 +321,11 @@ def compile_library(directory: str | None = None) -> str:
         # numba.pycc is numba's ahead-of-time compiler; its notice that it will be replaced one day
         # is not the user's business
         warnings.simplefilter("ignore")
-        from numba.pycc import CC
+        try:
+            from numba.pycc import CC
+        except ImportError as exc:
+            raise MegacacheError(f"this numba cannot compile ahead of time (numba.pycc: {exc}); builds still "
+                                 "run, through numba's JIT") from None
 
     final = library_path(directory)
     name = os.path.basename(final).split(".", 1)[0]

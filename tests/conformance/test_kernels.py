@@ -95,6 +95,14 @@ def test_library_names_the_source_the_cpu_and_the_interpreter(monkeypatch, tmp_p
     assert kernels.library_path(str(tmp_path)) != here
 
 
+def test_compiling_without_numbas_ahead_of_time_compiler_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "numba.pycc", None)  # as a numba without it would answer
+    with pytest.raises(MegacacheError, match=r"this numba cannot compile ahead of time \(numba.pycc: .*\); builds "
+                                             "still run, through numba's JIT"):
+        kernels.compile_library(str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
 def test_jit_only(monkeypatch):
     monkeypatch.setenv("MEGACACHE_KERNEL_DIR", "jit")
     kernels.forget_library()
