@@ -40,11 +40,9 @@ def start() -> None:
     gc.disable()  # as a build's rank imports (megacache.cli._cmd_build)
     import numpy as np
 
-    from megacache.cli import import_numba_for_kernels
-    from megacache.kernels import native_library
+    from megacache.cli import load_kernels
 
-    if native_library() is None:
-        import_numba_for_kernels()
+    load_kernels()
     from megacache.algorithms.gpt_index import length_stats
     from megacache.comm import get_comm
 

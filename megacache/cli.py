@@ -167,15 +167,24 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
             gc.enable()
 
 
-def _build(args: argparse.Namespace, comm: Comm) -> None:
-    from .kernels import library_dir, native_library
+def load_kernels() -> bool:
+    """The compiled kernels loaded (True), or else numba's JIT imported as ``import_numba_for_kernels``
+    does (False): first thing in a process that runs kernels on every rank."""
+    from .kernels import native_library
 
-    if native_library() is None:
-        import_numba_for_kernels()  # first: every rank of this build loads numba's JIT
-        if comm.rank == 0 and library_dir() is not None:
-            print(f"megacache build: note: no kernels compiled for this CPU in {library_dir()}, so every rank "
-                  "loads numba's JIT (about 0.35 s of CPU each); `megacache kernels` compiles them once",
-                  file=sys.stderr, flush=True)
+    if native_library() is not None:
+        return True
+    import_numba_for_kernels()
+    return False
+
+
+def _build(args: argparse.Namespace, comm: Comm) -> None:
+    from .kernels import library_dir
+
+    if not load_kernels() and comm.rank == 0 and library_dir() is not None:
+        print(f"megacache build: note: no kernels compiled for this CPU in {library_dir()}, so every rank "
+              "loads numba's JIT (about 0.35 s of CPU each); `megacache kernels` compiles them once",
+              file=sys.stderr, flush=True)
     from .megatron.blends import blend_from_flags
     from .builders.build import BuildConfig, build
     from .megatron.flags import given_flags
@@ -305,15 +314,13 @@ def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
 def _cmd_kernels(args: argparse.Namespace, comm: Comm) -> None:
     import time
 
-    from .kernels import compile_library, library_dir, library_path
+    from .kernels import compile_library, compiled_library
 
     start = time.perf_counter()
 
     def compiled() -> tuple[bool, str]:
-        directory = library_dir()
-        if directory is not None and os.path.isfile(library_path(directory)):
-            return False, library_path(directory)
-        return True, compile_library()
+        path = compiled_library()
+        return (False, path) if path is not None else (True, compile_library())
 
     made, path = comm.on_root(compiled, "kernels")
     if comm.rank == 0:

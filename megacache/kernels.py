@@ -255,12 +255,19 @@ def native_library():
         return _library[0]
 
 
-def _import_library():
+def compiled_library() -> str | None:
+    """The path of this machine's library where it is compiled already; None where it is not yet,
+    or under ``MEGACACHE_KERNEL_DIR=jit``."""
     directory = library_dir()
     if directory is None:
         return None
     path = library_path(directory)
-    if not os.path.isfile(path):
+    return path if os.path.isfile(path) else None
+
+
+def _import_library():
+    path = compiled_library()
+    if path is None:
         return None
     name = os.path.basename(path).split(".", 1)[0]
     spec = importlib.util.spec_from_file_location(name, path)
