@@ -309,13 +309,14 @@ def _sides(r: dict) -> list[tuple[str, dict]]:
 def scale_table(records: list[dict], results: str) -> str:
     """Time, phases and peak RSS per rank against the size, the fitted growth, and the issue's bars."""
     first, last = records[0], records[-1]
+    times = sorted(r["time"] for r in records)  # a size may have been measured again later
     ranks = _ranks(last)
     sizes = [r["params"]["tokens"] for r in records]
     lines = [
         SCALE_START,
         f"<!-- written by `python -m benchmarks scale-report` from {shown(results)}; edits here are overwritten -->",
         "",
-        f"`{first['workload']}` at {len(records)} sizes (measured {first['time']} to {last['time']}, "
+        f"`{first['workload']}` at {len(records)} sizes (measured {times[0]} to {times[-1]}, "
         f"{first['machine']['cpus_usable']} cores, {first['machine']['ram_gib']:.0f} GiB): wall time from outside "
         "(medians of the repeats), the largest rank's peak RSS, megacache against megatron-core in the same run; "
         "outputs byte-identical at every size.",
