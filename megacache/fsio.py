@@ -1,7 +1,9 @@
-"""Filesystem primitives: positional writes, fsync, and atomic publish by rename.
+"""Filesystem primitives: positional writes, fsync, and atomic publish.
 
-Every output megacache produces is written under a temporary name, flushed, fsynced and then
-renamed into place, so a reader (megacache or megatron-core) sees either nothing or the whole file.
+Every output megacache produces is written where no reader looks, made durable and then put in
+place in one step, so a reader (megacache or megatron-core) sees either nothing or the whole file:
+under a temporary name and renamed (``publish_many``), or, for the many small files of a build,
+unnamed and linked in (``Staging``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import ctypes.util
 import errno
 import json
 import os
+import resource
 import shutil
 import threading
 from contextlib import contextmanager
@@ -27,6 +30,7 @@ STATE_DIR = ".megacache"
 try:
     _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     _libc.syncfs.argtypes = [ctypes.c_int]
+    _libc.linkat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
 except (OSError, AttributeError):  # not Linux/glibc: fall back to os.sync
     _libc = None
 
@@ -92,13 +96,14 @@ def _stage() -> memoryview:
 
 
 def open_direct(path: str) -> int | None:
-    """A second, O_DIRECT descriptor for writing ``path``, or None where the filesystem refuses it."""
+    """A second, O_DIRECT descriptor for writing ``path``, or None where the filesystem refuses it
+    (or, for an unnamed file's ``/proc/self/fd`` path, where there is no /proc)."""
     if not hasattr(os, "O_DIRECT"):
         return None
     try:
         return os.open(path, os.O_WRONLY | os.O_DIRECT)
     except OSError as exc:
-        if exc.errno == errno.EINVAL:
+        if exc.errno == errno.EINVAL or (exc.errno == errno.ENOENT and path.startswith(_PROC_FD)):
             return None
         raise
 
@@ -154,13 +159,21 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: i
 def write_new_file(path: str, pieces: list) -> None:
     """Create (or truncate) ``path`` holding the concatenation of ``pieces`` (bytes or C-contiguous
     arrays), mostly through O_DIRECT (``pwrite_mostly_direct``)."""
-    views = [_bytes(p) for p in pieces]
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        _write_whole(fd, path, pieces)
+    finally:
+        os.close(fd)
+
+
+def _write_whole(fd: int, path: str, pieces: list) -> None:
+    """``pieces`` end to end from the start of the empty file ``fd``, which ``path`` opens again for
+    O_DIRECT."""
+    views = [_bytes(p) for p in pieces]
     direct_fd = open_direct(path) if sum(map(len, views)) >= DIRECT_MIN else None
     try:
         pwrite_mostly_direct(fd, direct_fd, views, 0)
     finally:
-        os.close(fd)
         if direct_fd is not None:
             os.close(direct_fd)
 
@@ -247,6 +260,172 @@ def publish_many(pairs) -> None:
         os.replace(tmp, final)
     for d in directories:
         fsync_path(d)
+
+
+_PROC_FD = "/proc/self/fd/"
+#: linkat(2): the file ``olddirfd`` refers to itself, where ``oldpath`` is empty
+_AT_EMPTY_PATH = 0x1000
+_AT_FDCWD = -100
+
+
+def open_unnamed(directory: str) -> int | None:
+    """A new, empty file in ``directory`` that has no name (O_TMPFILE, opened for writing): no
+    reader can see it, and it vanishes with its last descriptor unless ``link_unnamed`` names it.
+    None where the filesystem or the system has no such files."""
+    if not hasattr(os, "O_TMPFILE"):
+        return None
+    try:
+        return os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o666)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            return None
+        raise
+
+
+def link_unnamed(fd: int, path: str) -> None:
+    """Name the unnamed file ``fd`` ``path`` (which must not exist): linkat(2) on the descriptor,
+    which takes CAP_DAC_READ_SEARCH before Linux 6.10 (else ENOENT), then through ``/proc/self/fd``,
+    the way any process may."""
+    if _libc is not None:
+        if _libc.linkat(fd, b"", _AT_FDCWD, os.fsencode(path), _AT_EMPTY_PATH) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.ENOENT, errno.EPERM, errno.EINVAL):
+            raise OSError(err, os.strerror(err), path)
+    os.link(f"{_PROC_FD}{fd}", path, follow_symlinks=True)
+
+
+def _descriptor_budget() -> int:
+    """How many unnamed files a process may hold open: half its descriptor limit, less a margin
+    for everything else it opens."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 1 << 20
+    return max(0, soft // 2 - 256)
+
+
+#: per filesystem (st_dev): whether this process can name unnamed files there
+_linkable: dict[int, bool] = {}
+
+
+def _can_link_unnamed(directory: str, tag: str) -> bool:
+    """Whether files ``open_unnamed`` makes in ``directory`` can be named later (tried once per
+    filesystem with one such file: the publish step must never find out too late)."""
+    device = os.stat(directory).st_dev
+    known = _linkable.get(device)
+    if known is not None:
+        return known
+    fd = open_unnamed(directory)
+    works = False
+    if fd is not None:
+        probe = tmp_path(os.path.join(directory, "probe"), f"{tag}-{os.getpid()}-{threading.get_ident()}")
+        try:
+            link_unnamed(fd, probe)
+            works = True
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+            remove_quietly(probe)
+    _linkable[device] = works
+    return works
+
+
+class Staging:
+    """New files held until ``publish`` puts them in place, invisible until then.
+
+    ``write`` keeps a file unnamed (``open_unnamed``: no directory entry, linked in at publish; a
+    killed process leaves nothing) where its filesystem allows and the process has descriptors to
+    spare, else under its temporary name; ``path`` gives the temporary name of a file that
+    others write into or memory-map. An unnamed file saves the temporary name's directory entry,
+    created and then removed again by the rename: of a build's thousands of small files, that is
+    about a third of their cost here (ext4, 2026-11-26)."""
+
+    def __init__(self, tag: str, unnamed_limit: int | None = None):
+        self.tag = tag
+        self._lock = threading.Lock()
+        self._unnamed: dict[str, int] = {}  # final path -> descriptor of its unnamed file
+        self._named: dict[str, str] = {}    # final path -> temporary path
+        self._spare = _descriptor_budget() if unnamed_limit is None else unnamed_limit
+        self._directories: dict[str, bool] = {}
+
+    def path(self, final: str) -> str:
+        """The temporary name ``final`` waits under (``tmp_path`` with this staging's tag)."""
+        tmp = tmp_path(final, self.tag)
+        with self._lock:
+            self._named[final] = tmp
+        return tmp
+
+    def write(self, final: str, pieces: list) -> None:
+        """``final``'s whole content (bytes or C-contiguous arrays end to end), held until
+        ``publish``. Safe from several threads."""
+        fd = self._take_unnamed(os.path.dirname(final) or ".")
+        with writing(final):
+            if fd is None:
+                write_new_file(self.path(final), pieces)
+                return
+            try:
+                _write_whole(fd, f"{_PROC_FD}{fd}", pieces)
+            except BaseException:
+                os.close(fd)
+                with self._lock:
+                    self._spare += 1
+                raise
+        with self._lock:
+            self._unnamed[final] = fd
+
+    def _take_unnamed(self, directory: str) -> int | None:
+        with self._lock:
+            if self._spare <= 0:
+                return None
+            self._spare -= 1
+        linkable = self._directories.get(directory)
+        if linkable is None:
+            linkable = self._directories[directory] = _can_link_unnamed(directory, self.tag)
+        fd = open_unnamed(directory) if linkable else None
+        if fd is None:
+            with self._lock:
+                self._spare += 1
+        return fd
+
+    def publish(self, finals) -> None:
+        """These files into place, in this order, once durable (one syncfs per directory, as
+        ``publish_many``); then each directory synced. A file that exists already is replaced
+        atomically."""
+        finals = list(finals)
+        directories = sorted({os.path.dirname(os.path.abspath(f)) for f in finals})
+        sync_filesystems(directories)
+        for final in finals:
+            fd = self._unnamed.pop(final, None)
+            if fd is None:
+                os.replace(self._named.pop(final), final)
+                continue
+            try:
+                try:
+                    link_unnamed(fd, final)
+                except FileExistsError:
+                    tmp = tmp_path(final, self.tag)
+                    link_unnamed(fd, tmp)
+                    os.replace(tmp, final)
+            finally:
+                os.close(fd)
+                with self._lock:
+                    self._spare += 1
+        # On a journaling filesystem the link count rides in the directory's transaction; the
+        # directory's fsync makes both durable.
+        for d in directories:
+            fsync_path(d)
+
+    def discard(self) -> None:
+        """Everything not yet published: unnamed files closed (so gone), temporary names removed."""
+        with self._lock:
+            fds, self._unnamed = list(self._unnamed.values()), {}
+            tmps, self._named = list(self._named.values()), {}
+            self._spare += len(fds)
+        for fd in fds:
+            os.close(fd)
+        for tmp in tmps:
+            remove_quietly(tmp)
 
 
 def write_atomic(path: str, data: bytes) -> None:

@@ -21,7 +21,7 @@ from ..algorithms.blend_sizes import find_oversampling, normalize, unweighted_bl
 from ..comm import Comm
 from ..errors import MegacacheError
 from ..formats.npy import NpyWriter
-from ..fsio import remove_quietly, sync_filesystems, tmp_path
+from ..fsio import Staging, sync_filesystems, tmp_path
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
 from .gpt import GPTTask, array_records
 from .publish import publish_entries, write_description
@@ -127,8 +127,10 @@ class Blending:
 
     def __init__(self, todo: list[BlendTask], cfg: BuildConfig, comm: Comm, tag: str):
         self.todo, self.cfg, self.comm = todo, cfg, comm
-        self.tmp = {(b.index, what): tmp_path(b.entry.path(what), tag) for b in todo
-                    for what in (*BLEND_ARRAYS, "description.txt")}
+        # the blend files wait under temporary names (every rank writes rows into them), rank 0's
+        # staging publishes them
+        self.staging = Staging(tag)
+        self.tmp = {(b.index, what): tmp_path(b.entry.path(what), tag) for b in todo for what in BLEND_ARRAYS}
         self.chunked = [b for b in todo if b.weights is not None and comm.size > 1
                         and b.size // comm.size >= cfg.blend_min_chunk]
         chunked = {b.index for b in self.chunked}
@@ -143,8 +145,8 @@ class Blending:
             os.makedirs(self.cfg.cache_dir, exist_ok=True)
             for b in self.todo:
                 for what, dtype in BLEND_ARRAYS.items():
-                    NpyWriter.create(self.tmp[b.index, what], dtype, (b.size,))
-                write_description(b.entry, self.tmp[b.index, "description.txt"])
+                    NpyWriter.create(self.staging.path(b.entry.path(what)), dtype, (b.size,))
+                write_description(b.entry, self.staging)
 
         if self.todo:
             self.comm.on_root(preallocate, "preallocating the blend files")
@@ -248,13 +250,11 @@ class Blending:
                       "(--mid-level-dataset-surplus) or the dataset's weight")
 
     def publish(self) -> None:
-        publish_entries((b.entry, {w: self.tmp[b.index, w] for w in (*BLEND_ARRAYS, "description.txt")})
-                        for b in self.todo)
+        """Rank 0: the blends into place."""
+        publish_entries((b.entry for b in self.todo), self.staging)
 
     def discard(self) -> None:
         """After a failure elsewhere: let the thread end (no work left running), remove the files."""
         if getattr(self, "_thread", None) is not None:
             self._thread.join()
-        if self.comm.rank == 0:
-            for path in self.tmp.values():
-                remove_quietly(path)
+        self.staging.discard()

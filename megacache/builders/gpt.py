@@ -48,8 +48,8 @@ from ..errors import MegacacheError
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
 from .publish import publish_entries, write_description
 from ..formats.indexed import IndexedDataset
-from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, write_npy
-from ..fsio import remove_quietly, sync_filesystems, tmp_path
+from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_pieces, write_npy
+from ..fsio import Staging, sync_filesystems, tmp_path
 from .scheduling import even_pieces, largest_first
 
 UINT32_MAX = 2**32 - 1
@@ -146,9 +146,6 @@ class GPTTask:
         return (f"  {self.name}: sequences [{self.split_range[0]}, {self.split_range[1]}), "
                 f"{p.tokens_per_epoch:,} tokens/epoch, {p.num_epochs} epoch(s){sep}, {p.num_samples:,} samples "
                 f"({state})\n    {self.entry.hash}-GPTDataset-{self.name}-*")
-
-
-GPT_ARRAYS = ("document_index.npy", "sample_index.npy", "shuffle_index.npy")
 
 
 def array_records(shapes: dict[str, tuple[np.dtype, tuple]]) -> dict[str, list]:
@@ -355,10 +352,8 @@ class GPTBuild:
                        or (comm.size > 1 and j.plan.document_index_length > SHARED_FRACTION * total / comm.size)]
         self.shared_ids = {j.index for j in self.shared}
         self.published = False
-        # the temporary files this rank writes: its tasks' and rows of the shared ones
-        self.tmp = {(j.index, what): tmp_path(j.entry.path(what), tag)
-                    for j in {j.index: j for j in (*self.mine, *self.shared)}.values()
-                    for what in (*GPT_ARRAYS, "description.txt")}
+        # this rank's tasks' files until they are published
+        self.staging = Staging(tag)
 
     def build(self, phases: dict[str, float], enter=lambda phase: None) -> None:
         """``enter(phase)`` is told each phase as it starts (the job's rank monitor)."""
@@ -366,7 +361,7 @@ class GPTBuild:
             enter("document index")
             t = time.monotonic()
             futures: list[Future] = []
-            writes = BackgroundWrites(pool, IN_MEMORY_BYTES)
+            writes = BackgroundWrites(pool, IN_MEMORY_BYTES, self._write_npy)
             with self.comm.agreed("building the document indices"):
                 self.datasets.open(task.data_path for task in self.mine)
                 for task in self.mine:
@@ -401,19 +396,23 @@ class GPTBuild:
         p = task.plan
         state = MT19937.from_seed(self.settings.seed)
         if task.index in self.shared_ids:
-            NpyWriter.create(self.tmp[task.index, "sample_index.npy"], p.sample_index_dtype, p.sample_index_shape)
-            with self._array(task, "document_index.npy") as out:
+            NpyWriter.create(self.staging.path(task.entry.path("sample_index.npy")), p.sample_index_dtype,
+                             p.sample_index_shape)
+            with self._array(task, "document_index.npy", shared=True) as out:
                 build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state, out=out)
         else:
             document_index = build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state)
-            writes.put(self.tmp[task.index, "document_index.npy"], document_index)
+            writes.put(task.entry.path("document_index.npy"), document_index)
             sizes = self.datasets[task.data_path].read_lengths(*task.split_range)
             tokens, _, checksum = length_stats(sizes, task.split_range[0])
             check_tokens(task, tokens, checksum)
-            writes.put(self.tmp[task.index, "sample_index.npy"],
+            writes.put(task.entry.path("sample_index.npy"),
                        build_sample_index(sizes, document_index, p, task.split_range[0]))
-        write_description(task.entry, self.tmp[task.index, "description.txt"])
+        write_description(task.entry, self.staging)
         return pool.submit(self._shuffle_index, task, state)
+
+    def _write_npy(self, final: str, array: np.ndarray) -> None:
+        self.staging.write(final, npy_pieces(array))
 
     def _shuffle_index(self, task: GPTTask, state: MT19937) -> None:
         p = task.plan
@@ -421,21 +420,30 @@ class GPTBuild:
             build_shuffle_index(p.num_samples, p.shuffle_first_range, p.shuffle_index_dtype, state, out=out)
 
     @contextmanager
-    def _array(self, task: GPTTask, what: str):
+    def _array(self, task: GPTTask, what: str, shared: bool = False):
         """An output array one rank computes whole: in memory and written in one go when small
         (one create, no msync: per-file costs dominate a blend of many small datasets), else a
-        memory map of the preallocated file, so a huge one never has to fit in memory."""
-        path = self.tmp[task.index, what]
+        memory map of the preallocated file, so a huge one never has to fit in memory. A
+        ``shared`` one, which other ranks read, is written under its temporary name."""
+        final = task.entry.path(what)
         dtype, shape = array_shapes(task.plan)[what]
         if dtype.itemsize * int(np.prod(shape)) <= IN_MEMORY_BYTES:
             out = np.empty(shape, dtype)
             yield out
-            write_npy(path, out)
+            if shared:
+                write_npy(self.staging.path(final), out)
+            else:
+                self._write_npy(final, out)
         else:
+            path = self.staging.path(final)
             NpyWriter.create(path, dtype, shape)
             out = np.lib.format.open_memmap(path, mode="r+")
             yield out
             out.flush()
+
+    def _named(self, task: GPTTask, what: str) -> str:
+        """The temporary name of a shared task's file, which every rank reads or writes rows into."""
+        return tmp_path(task.entry.path(what), self.staging.tag)
 
     def _pieces(self) -> list[tuple[GPTTask, int, int]]:
         """This rank's ``(task, p0, p1)`` pieces of the shared tasks' document indices laid end to end."""
@@ -459,7 +467,7 @@ class GPTBuild:
         pieces = self._pieces()
         with comm.agreed("summing tokens for the sample indices"):
             for task, p0, p1 in pieces:
-                document_index = load_npy(self.tmp[task.index, "document_index.npy"])[p0:p1]
+                document_index = load_npy(self._named(task, "document_index.npy"))[p0:p1]
                 sums.append(slice_tokens(self.datasets[task.data_path].sequence_lengths, document_index))
         # Tokens before this rank's first piece: the pieces of the same task on lower ranks, each of
         # which is that rank's last piece.
@@ -476,28 +484,22 @@ class GPTBuild:
         plan = task.plan
         k0, k1 = sample_rows_in_slice(plan, p0, p1, start, start + total)
         if k1 > k0:
-            document_index = load_npy(self.tmp[task.index, "document_index.npy"])[p0:p1]
+            document_index = load_npy(self._named(task, "document_index.npy"))[p0:p1]
             rows = sample_index_rows(plan, self.datasets[task.data_path].sequence_lengths, document_index, start,
                                      p0, k0, k1)
-            with NpyWriter(self.tmp[task.index, "sample_index.npy"], plan.sample_index_dtype,
+            with NpyWriter(self._named(task, "sample_index.npy"), plan.sample_index_dtype,
                            plan.sample_index_shape) as w:
                 w.write_rows(k0, rows)
 
     def publish(self) -> None:
         """This rank's tasks into place."""
-        publish_entries((j.entry, self._tmp_of(j)) for j in self.mine)
+        publish_entries((j.entry for j in self.mine), self.staging)
         self.published = True
 
-    def _tmp_of(self, task: GPTTask) -> dict[str, str]:
-        return {what: self.tmp[task.index, what] for what in (*GPT_ARRAYS, "description.txt")}
-
     def discard(self) -> None:
-        """Remove this rank's temporary files after a failure."""
-        if self.published:
-            return
-        for task in self.mine:
-            for path in self._tmp_of(task).values():
-                remove_quietly(path)
+        """Drop this rank's unpublished files after a failure."""
+        if not self.published:
+            self.staging.discard()
 
 
 @dataclass

@@ -7,22 +7,22 @@ import json
 import os
 
 from ..errors import FormatError
-from ..fsio import STATE_DIR, publish_many, read_json, write_atomic, write_new_file
+from ..fsio import STATE_DIR, Staging, read_json, write_atomic
 
 
-def write_description(entry, tmp: str) -> None:
-    """An entry's description under its temporary name, written with its arrays so that the sync
-    before publishing covers it too."""
-    write_new_file(tmp, [entry.description.encode("utf-8")])
+def write_description(entry, staging: Staging) -> None:
+    """An entry's description, held by ``staging`` with its arrays (the sync before publishing
+    covers it too)."""
+    staging.write(entry.path("description.txt"), [entry.description.encode("utf-8")])
 
 
-def publish_entries(items) -> None:
-    """Cache entries into place from their temporary files (``[(entry, {file: tmp path})]``, all
-    written, ``write_description`` included): every array is renamed into place, then every
-    description, so Megatron's cache hit (all files present) never sees a part."""
-    items = list(items)
-    publish_many([(tmp[w], entry.path(w)) for entry, tmp in items for w in entry.names if w != "description.txt"])
-    publish_many([(tmp["description.txt"], entry.path("description.txt")) for entry, tmp in items])
+def publish_entries(entries, staging: Staging) -> None:
+    """Cache entries into place from ``staging`` (every file written, ``write_description``
+    included): every array first, then every description, so Megatron's cache hit (all files
+    present) never sees a part."""
+    entries = list(entries)
+    staging.publish([e.path(w) for e in entries for w in e.names if w != "description.txt"])
+    staging.publish([e.path("description.txt") for e in entries])
 
 
 def manifest_path(directory: str) -> str:

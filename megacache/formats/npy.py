@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Executor, Future
 
 import numpy as np
@@ -31,26 +32,31 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
-def write_npy(path: str, array: np.ndarray) -> None:
-    """``numpy.save``'s bytes for a C-contiguous array, as one new file (no pickle)."""
+def npy_pieces(array: np.ndarray) -> list:
+    """``numpy.save``'s bytes for an array (no pickle), as pieces to write end to end."""
     array = np.ascontiguousarray(array)
+    return [npy_header(array.dtype, array.shape), array]
+
+
+def write_npy(path: str, array: np.ndarray) -> None:
+    """``numpy.save``'s bytes for an array, as one new file."""
     with writing(path):
-        write_new_file(path, [npy_header(array.dtype, array.shape), array])
+        write_new_file(path, npy_pieces(array))
 
 
 class BackgroundWrites:
-    """``write_npy`` on a pool's threads while the caller computes the next arrays (a direct write
-    holds its thread until the device has the data), with at most ``limit`` bytes of arrays waiting:
-    ``put`` blocks until older writes are done when more would."""
+    """``write(path, array)`` on a pool's threads while the caller computes the next arrays (a
+    direct write holds its thread until the device has the data), with at most ``limit`` bytes of
+    arrays waiting: ``put`` blocks until older writes are done when more would."""
 
-    def __init__(self, pool: Executor, limit: int):
-        self.pool, self.limit = pool, limit
+    def __init__(self, pool: Executor, limit: int, write: Callable[[str, np.ndarray], None] = write_npy):
+        self.pool, self.limit, self.write = pool, limit, write
         self.pending: deque[tuple[Future, int]] = deque()
         self.waiting = 0
 
     def put(self, path: str, array: np.ndarray) -> None:
         """Write ``array`` (not to be changed until ``wait``) to ``path``."""
-        self.pending.append((self.pool.submit(write_npy, path, array), array.nbytes))
+        self.pending.append((self.pool.submit(self.write, path, array), array.nbytes))
         self.waiting += array.nbytes
         while self.waiting > self.limit:
             self._oldest()

@@ -3,7 +3,8 @@ import os
 import numpy as np
 import pytest
 
-from megacache.fsio import DIRECT_ALIGN, DIRECT_MIN, DIRECT_STAGE, open_direct, pwrite_mostly_direct, pwritev_all
+from megacache.fsio import (DIRECT_ALIGN, DIRECT_MIN, DIRECT_STAGE, TMP_MARK, Staging, _can_link_unnamed, open_direct,
+                            pwrite_mostly_direct, pwritev_all)
 
 
 @pytest.mark.parametrize("offset", [0, 1, DIRECT_ALIGN - 1, DIRECT_ALIGN, 3 * DIRECT_ALIGN + 17])
@@ -58,3 +59,52 @@ def test_short_vector_writes_are_resumed_where_they_stopped(tmp_path, monkeypatc
         os.close(fd)
     assert open(path, "rb").read() == b"." * 5 + b"".join(pieces)
     assert len(calls) == -(-sum(map(len, pieces)) // most)
+
+
+def _contents(rng) -> dict[str, list]:
+    """Files as pieces: small, one straddling the direct-write threshold, one of several pieces."""
+    return {"a.npy": [b"header", rng.integers(0, 9, 5, dtype=np.int32)],
+            "b.npy": [rng.integers(0, 256, DIRECT_MIN + DIRECT_ALIGN + 3, dtype=np.uint8)],
+            "c.txt": [b"x" * 10, b"", b"y" * 4099]}
+
+
+def _joined(pieces) -> bytes:
+    return b"".join(p.tobytes() if isinstance(p, np.ndarray) else p for p in pieces)
+
+
+@pytest.mark.parametrize("unnamed_limit", [None, 1, 0])
+def test_staged_files_appear_only_when_published_and_hold_their_bytes(tmp_path, unnamed_limit):
+    """Unnamed where the filesystem can link them in (none visible, not even a temporary name),
+    under temporary names once the descriptor budget is spent: the published bytes are the same."""
+    if unnamed_limit != 0 and not _can_link_unnamed(str(tmp_path), "test"):
+        pytest.skip("this filesystem cannot link unnamed (O_TMPFILE) files in")
+    files = _contents(np.random.default_rng(1))
+    staging = Staging("test", unnamed_limit)
+    for name, pieces in files.items():
+        staging.write(str(tmp_path / name), pieces)
+    waiting = sorted(os.listdir(tmp_path))
+    assert all(TMP_MARK in n for n in waiting)
+    assert len(waiting) == {None: 0, 1: 2, 0: 3}[unnamed_limit]
+    staging.publish(str(tmp_path / name) for name in files)
+    assert {n: (tmp_path / n).read_bytes() for n in os.listdir(tmp_path)} == {n: _joined(p) for n, p in files.items()}
+
+
+@pytest.mark.parametrize("unnamed_limit", [None, 0])
+def test_publishing_replaces_an_existing_file(tmp_path, unnamed_limit):
+    (tmp_path / "a").write_bytes(b"stale")
+    staging = Staging("test", unnamed_limit)
+    staging.write(str(tmp_path / "a"), [b"fresh"])
+    assert (tmp_path / "a").read_bytes() == b"stale"
+    staging.publish([str(tmp_path / "a")])
+    assert os.listdir(tmp_path) == ["a"] and (tmp_path / "a").read_bytes() == b"fresh"
+
+
+@pytest.mark.parametrize("unnamed_limit", [None, 0])
+def test_discarded_files_leave_nothing(tmp_path, unnamed_limit):
+    files = _contents(np.random.default_rng(2))
+    staging = Staging("test", unnamed_limit)
+    for name, pieces in files.items():
+        staging.write(str(tmp_path / name), pieces)
+    staging.path(str(tmp_path / "shared.npy"))  # named, written by others: here never created
+    staging.discard()
+    assert os.listdir(tmp_path) == []
