@@ -354,6 +354,8 @@ class GPTBuild:
         self.published = False
         # this rank's tasks' files until they are published
         self.staging = Staging(tag)
+        # every task's generator starts here (seeding is 624 steps; copying it, one)
+        self.seeded = MT19937.from_seed(settings.seed)
 
     def build(self, phases: dict[str, float], enter=lambda phase: None) -> None:
         """``enter(phase)`` is told each phase as it starts (the job's rank monitor)."""
@@ -394,7 +396,7 @@ class GPTBuild:
         written in the background), a shared task's is preallocated for every rank to fill. The
         shuffle index goes to the pool."""
         p = task.plan
-        state = MT19937.from_seed(self.settings.seed)
+        state = self.seeded.copy()
         if task.index in self.shared_ids:
             NpyWriter.create(self.staging.path(task.entry.path("sample_index.npy")), p.sample_index_dtype,
                              p.sample_index_shape)
