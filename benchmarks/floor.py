@@ -10,7 +10,8 @@ Per repeat, one after another, each a fresh ``mpiexec -n P`` timed from outside 
   kernels, or numba's JIT without them), meet once, run one tiny kernel, and exit;
 * the files alone: P ranks that write the build's output files (the same names and sizes,
   round-robin over the ranks) the way a build makes them durable and visible, through the same
-  functions: each under a temporary name, then one sync, then the renames. Nothing is computed.
+  functions: each held by a ``fsio.Staging`` (unnamed where the filesystem allows), then one sync,
+  then the links or renames. Nothing is computed.
 
 Start-up and the files are costs any build of that cache pays here however fast its algorithms,
 so their sum against the build's time, and against the CPU time the cores give in a tenth of
@@ -58,30 +59,30 @@ def start() -> None:
 
 def files(source: str, dest: str) -> None:
     """``source``'s outputs written anew into ``dest``, this rank every P-th by name, as a build
-    writes and publishes its own: ``fsio.write_new_file`` under temporary names, one sync, then
-    ``fsio.publish_many``."""
+    writes and publishes its own: held by a ``fsio.Staging``, one sync, then ``Staging.publish``."""
     from megacache.comm import get_comm
-    from megacache.fsio import publish_many, sync_filesystems, tmp_path, write_new_file
+    from megacache.fsio import Staging, sync_filesystems
 
     comm = get_comm()
     names = output_names(source)[comm.rank::comm.size]
     sizes = [os.path.getsize(os.path.join(source, n)) for n in names]
     data = memoryview(bytes(max(sizes, default=0)))
-    pairs = [(tmp_path(os.path.join(dest, n), "floor"), os.path.join(dest, n)) for n in names]
+    finals = [os.path.join(dest, n) for n in names]
+    staging = Staging("floor")
     comm.barrier()
     marks = [time.perf_counter()]
-    for (tmp, _), size in zip(pairs, sizes):
-        write_new_file(tmp, [data[:size]])
+    for final, size in zip(finals, sizes):
+        staging.write(final, [data[:size]])
     marks.append(time.perf_counter())
     sync_filesystems([dest])
     comm.barrier()
     marks.append(time.perf_counter())
-    publish_many(pairs)
+    staging.publish(finals)
     comm.barrier()
     marks.append(time.perf_counter())
     if comm.rank == 0:
-        write, sync, rename = (b - a for a, b in zip(marks, marks[1:]))
-        print(f"  phases: write {write:.3f} s, sync {sync:.3f} s, rename {rename:.3f} s")
+        write, sync, publish = (b - a for a, b in zip(marks, marks[1:]))
+        print(f"  phases: write {write:.3f} s, sync {sync:.3f} s, publish {publish:.3f} s")
 
 
 def measure_floor(suite_name: str, factor: float, ranks: int, repeats: int, results: str) -> dict:

@@ -91,7 +91,7 @@ def test_floor_times_the_build_beside_its_start_up_and_its_files_alone(tmp_path)
     for side in ("reference", "build", "start", "files"):
         assert len(record[side]["runs"]) == 1 and record[side]["median"]["wall_s"] > 0, side
     assert set(record["start"]["median"]["phases"]) == {"first_kernel", "other"}
-    assert set(record["files"]["median"]["phases"]) == {"write", "sync", "rename", "other"}
+    assert set(record["files"]["median"]["phases"]) == {"write", "sync", "publish", "other"}
     # 20 datasets x 3 splits x 4 files, and 3 blends x 3 files
     assert record["outputs"]["files"] == 249
     assert "the two together:" in run.stdout and "(249 files," in run.stdout
@@ -110,4 +110,4 @@ def test_floor_files_writes_the_same_names_and_sizes_split_over_the_ranks(tmp_pa
                           str(dest)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
     assert {p.name: p.stat().st_size for p in dest.iterdir()} == sizes
-    assert re.fullmatch(r"  phases: write [0-9.]+ s, sync [0-9.]+ s, rename [0-9.]+ s\n", run.stdout), run.stdout
+    assert re.fullmatch(r"  phases: write [0-9.]+ s, sync [0-9.]+ s, publish [0-9.]+ s\n", run.stdout), run.stdout
