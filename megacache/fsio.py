@@ -2,8 +2,8 @@
 
 Every output megacache produces is written where no reader looks, made durable and then put in
 place in one step, so a reader (megacache or megatron-core) sees either nothing or the whole file:
-under a temporary name and renamed (``publish_many``), or, for the many small files of a build,
-unnamed and linked in (``Staging``).
+under a temporary name and renamed (``publish``), or, for a build's files, held by a ``Staging``
+(unnamed and linked in where the filesystem allows, else renamed).
 """
 
 from __future__ import annotations
@@ -250,18 +250,6 @@ def sync_filesystems(paths) -> None:
         _syncfs(d)
 
 
-def publish_many(pairs) -> None:
-    """``publish`` for many ``(tmp, final)`` pairs: one syncfs per directory instead of an fsync
-    per file, then the renames, then each directory made durable once."""
-    pairs = list(pairs)
-    directories = sorted({os.path.abspath(d or ".") for d in {os.path.dirname(final) for _, final in pairs}})
-    sync_filesystems(directories)
-    for tmp, final in pairs:
-        os.replace(tmp, final)
-    for d in directories:
-        fsync_path(d)
-
-
 _PROC_FD = "/proc/self/fd/"
 #: linkat(2): the file ``olddirfd`` refers to itself, where ``oldpath`` is empty
 _AT_EMPTY_PATH = 0x1000
@@ -349,9 +337,13 @@ class Staging:
         self._spare = _descriptor_budget() if unnamed_limit is None else unnamed_limit
         self._directories: dict[str, bool] = {}
 
+    def name(self, final: str) -> str:
+        """``final``'s temporary name (``tmp_path`` with this staging's tag), the same on every rank."""
+        return tmp_path(final, self.tag)
+
     def path(self, final: str) -> str:
-        """The temporary name ``final`` waits under (``tmp_path`` with this staging's tag)."""
-        tmp = tmp_path(final, self.tag)
+        """The temporary name ``final`` waits under, held for ``publish``."""
+        tmp = self.name(final)
         with self._lock:
             self._named[final] = tmp
         return tmp
@@ -389,8 +381,8 @@ class Staging:
         return fd
 
     def publish(self, finals) -> None:
-        """These files into place, in this order, once durable (one syncfs per directory, as
-        ``publish_many``); then each directory synced. A file that exists already is replaced
+        """These files into place, in this order, once durable (one syncfs per directory, not an
+        fsync per file); then each directory synced. A file that exists already is replaced
         atomically."""
         finals = list(finals)
         directories = sorted({os.path.dirname(os.path.abspath(f)) for f in finals})
@@ -404,7 +396,7 @@ class Staging:
                 try:
                     link_unnamed(fd, final)
                 except FileExistsError:
-                    tmp = tmp_path(final, self.tag)
+                    tmp = self.name(final)
                     link_unnamed(fd, tmp)
                     os.replace(tmp, final)
             finally:

@@ -21,7 +21,7 @@ from ..algorithms.blend_sizes import find_oversampling, normalize, unweighted_bl
 from ..comm import Comm
 from ..errors import MegacacheError
 from ..formats.npy import NpyWriter
-from ..fsio import Staging, sync_filesystems, tmp_path
+from ..fsio import Staging, sync_filesystems
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
 from .gpt import GPTTask, array_records
 from .publish import publish_entries, write_description
@@ -130,7 +130,7 @@ class Blending:
         # the blend files wait under temporary names (every rank writes rows into them), rank 0's
         # staging publishes them
         self.staging = Staging(tag)
-        self.tmp = {(b.index, what): tmp_path(b.entry.path(what), tag) for b in todo for what in BLEND_ARRAYS}
+        self.tmp = {(b.index, what): self.staging.name(b.entry.path(what)) for b in todo for what in BLEND_ARRAYS}
         self.chunked = [b for b in todo if b.weights is not None and comm.size > 1
                         and b.size // comm.size >= cfg.blend_min_chunk]
         chunked = {b.index for b in self.chunked}

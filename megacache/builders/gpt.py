@@ -49,7 +49,7 @@ from ..megatron.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_ide
 from .publish import publish_entries, write_description
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_pieces, write_npy
-from ..fsio import Staging, sync_filesystems, tmp_path
+from ..fsio import Staging, sync_filesystems
 from .scheduling import even_pieces, largest_first
 
 UINT32_MAX = 2**32 - 1
@@ -445,7 +445,7 @@ class GPTBuild:
 
     def _named(self, task: GPTTask, what: str) -> str:
         """The temporary name of a shared task's file, which every rank reads or writes rows into."""
-        return tmp_path(task.entry.path(what), self.staging.tag)
+        return self.staging.name(task.entry.path(what))
 
     def _pieces(self) -> list[tuple[GPTTask, int, int]]:
         """This rank's ``(task, p0, p1)`` pieces of the shared tasks' document indices laid end to end."""

@@ -49,7 +49,7 @@ class BackgroundWrites:
     direct write holds its thread until the device has the data), with at most ``limit`` bytes of
     arrays waiting: ``put`` blocks until older writes are done when more would."""
 
-    def __init__(self, pool: Executor, limit: int, write: Callable[[str, np.ndarray], None] = write_npy):
+    def __init__(self, pool: Executor, limit: int, write: Callable[[str, np.ndarray], None]):
         self.pool, self.limit, self.write = pool, limit, write
         self.pending: deque[tuple[Future, int]] = deque()
         self.waiting = 0

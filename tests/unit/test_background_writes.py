@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from megacache.errors import MegacacheError
-from megacache.formats.npy import BackgroundWrites
+from megacache.formats.npy import BackgroundWrites, write_npy
 from megacache.fsio import DIRECT_MIN
 
 
@@ -15,7 +15,7 @@ def test_every_array_lands_as_numpy_save_writes_it(tmp_path):
     arrays.append(rng.integers(0, 2**40, (DIRECT_MIN // 8, 2), dtype=np.int64))
     limit = 2 * DIRECT_MIN
     with ThreadPoolExecutor(2) as pool:
-        writes = BackgroundWrites(pool, limit)
+        writes = BackgroundWrites(pool, limit, write_npy)
         for i, a in enumerate(arrays):
             writes.put(str(tmp_path / f"{i}.npy"), a)
             assert writes.waiting <= limit
@@ -32,7 +32,7 @@ def test_put_waits_for_older_writes_beyond_the_limit(tmp_path):
     with ThreadPoolExecutor(1) as pool:
         pool.submit(gate.wait)  # the pool's one thread is busy until the gate opens
         try:
-            writes = BackgroundWrites(pool, 20_000)
+            writes = BackgroundWrites(pool, 20_000, write_npy)
             writes.put(str(tmp_path / "a.npy"), array)
             writes.put(str(tmp_path / "b.npy"), array)  # 16000 bytes waiting: returns at once
             third = threading.Thread(target=writes.put, args=(str(tmp_path / "c.npy"), array))
@@ -51,7 +51,7 @@ def test_put_waits_for_older_writes_beyond_the_limit(tmp_path):
 
 def test_a_failed_write_is_raised_naming_the_file(tmp_path):
     with ThreadPoolExecutor(1) as pool:
-        writes = BackgroundWrites(pool, 1 << 20)
+        writes = BackgroundWrites(pool, 1 << 20, write_npy)
         writes.put(str(tmp_path / "ok.npy"), np.zeros(3, np.int32))
         missing = str(tmp_path / "no-such-dir" / "x.npy")
         writes.put(missing, np.zeros(3, np.int32))
