@@ -29,6 +29,7 @@ tasks, built by the same four steps as a single prefix:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -363,11 +364,13 @@ class GPTBuild:
             enter("document index")
             t = time.monotonic()
             futures: list[Future] = []
-            writes = BackgroundWrites(pool, IN_MEMORY_BYTES, self._write_npy)
+            writes = BackgroundWrites(pool, IN_MEMORY_BYTES)
             with self.comm.agreed("building the document indices"):
                 self.datasets.open(task.data_path for task in self.mine)
                 for task in self.mine:
-                    futures.append(self._document_index(task, pool, writes))
+                    future = self._document_index(task, pool, writes)
+                    if future is not None:
+                        futures.append(future)
                 writes.wait()
             phases["document_index"] = time.monotonic() - t
 
@@ -391,27 +394,36 @@ class GPTBuild:
                 sync_filesystems({j.entry.directory for j in self.todo})
             phases["shuffle_index_wait"] = time.monotonic() - t
 
-    def _document_index(self, task: GPTTask, pool: ThreadPoolExecutor, writes: BackgroundWrites) -> Future:
-        """Shuffle the task's document index here; a small task's sample index follows at once (both
-        written in the background), a shared task's is preallocated for every rank to fill. The
-        shuffle index goes to the pool."""
+    def _document_index(self, task: GPTTask, pool: ThreadPoolExecutor, writes: BackgroundWrites) -> Future | None:
+        """Shuffle the task's document index here. A small task's sample index follows at once, and
+        one background job computes its shuffle index and writes its files (a job per task, not
+        per file: a blend has thousands of tasks, and each hand-over to the pool costs Python
+        time). A shared task's sample index is preallocated for every rank to fill, and the
+        future of its shuffle index returned."""
         p = task.plan
         state = self.seeded.copy()
-        if task.index in self.shared_ids:
-            NpyWriter.create(self.staging.path(task.entry.path("sample_index.npy")), p.sample_index_dtype,
-                             p.sample_index_shape)
-            with self._array(task, "document_index.npy", shared=True) as out:
-                build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state, out=out)
-        else:
+        if task.index not in self.shared_ids:
             document_index = build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state)
-            writes.put(task.entry.path("document_index.npy"), document_index)
             sizes = self.datasets[task.data_path].read_lengths(*task.split_range)
             tokens, _, checksum = length_stats(sizes, task.split_range[0])
             check_tokens(task, tokens, checksum)
-            writes.put(task.entry.path("sample_index.npy"),
-                       build_sample_index(sizes, document_index, p, task.split_range[0]))
+            sample_index = build_sample_index(sizes, document_index, p, task.split_range[0])
+            writes.put(document_index.nbytes + sample_index.nbytes, self._finish, task, state, document_index,
+                       sample_index)
+            return None
+        NpyWriter.create(self.staging.path(task.entry.path("sample_index.npy")), p.sample_index_dtype,
+                         p.sample_index_shape)
+        with self._array(task, "document_index.npy", shared=True) as out:
+            build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state, out=out)
         write_description(task.entry, self.staging)
         return pool.submit(self._shuffle_index, task, state)
+
+    def _finish(self, task: GPTTask, state: MT19937, document_index: np.ndarray, sample_index: np.ndarray) -> None:
+        """A small task's files: its two arrays, its shuffle index, its description."""
+        self._write_npy(task.entry.path("document_index.npy"), document_index)
+        self._write_npy(task.entry.path("sample_index.npy"), sample_index)
+        self._shuffle_index(task, state)
+        write_description(task.entry, self.staging)
 
     def _write_npy(self, final: str, array: np.ndarray) -> None:
         self.staging.write(final, npy_pieces(array))
@@ -429,7 +441,7 @@ class GPTBuild:
         ``shared`` one, which other ranks read, is written under its temporary name."""
         final = task.entry.path(what)
         dtype, shape = array_shapes(task.plan)[what]
-        if dtype.itemsize * int(np.prod(shape)) <= IN_MEMORY_BYTES:
+        if dtype.itemsize * math.prod(shape) <= IN_MEMORY_BYTES:
             out = np.empty(shape, dtype)
             yield out
             if shared:

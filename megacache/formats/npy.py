@@ -8,6 +8,7 @@ no rank ever holds the whole array.
 from __future__ import annotations
 
 import io
+import math
 import os
 from collections import deque
 from collections.abc import Callable
@@ -20,10 +21,35 @@ from ..fsio import DIRECT_MIN, open_direct, pwrite_all, pwrite_mostly_direct, wr
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """The exact header ``numpy.save`` writes for a C-ordered array of this dtype and shape."""
+    """The exact header ``numpy.save`` writes for a C-ordered array of this dtype and shape.
+
+    numpy's writer costs about 9 us a header, and a blend writes thousands of arrays per rank. The
+    header of a shape whose first dimension has as many digits differs only in those digits (the
+    padding depends on the header's length), so numpy's header for one such shape serves as a
+    template for all of them."""
+    shape = tuple(int(n) for n in shape)
+    if not shape or shape[0] < 0:
+        return _numpy_header(dtype, shape)
+    digits = str(shape[0])
+    key = (np.dtype(dtype).str, len(digits), shape[1:])
+    template = _TEMPLATES.get(key)
+    if template is None:
+        example = "1" + "0" * (len(digits) - 1)
+        text = _numpy_header(dtype, (int(example), *shape[1:]))
+        marker = b"'shape': (" + example.encode() + b","
+        if text.count(marker) != 1:  # not the layout this relies on: numpy writes every header
+            return _numpy_header(dtype, shape)
+        template = _TEMPLATES[key] = text.split(marker)
+    return template[0] + b"'shape': (" + digits.encode() + b"," + template[1]
+
+
+#: ``npy_header``'s templates: the header's text before and after the first dimension's digits
+_TEMPLATES: dict[tuple, list[bytes]] = {}
+
+
+def _numpy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     buf = io.BytesIO()
-    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
-              "shape": tuple(int(s) for s in shape)}
+    header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape}
     try:
         np.lib.format.write_array_header_1_0(buf, header)
     except ValueError:  # header too long for format 1.0, as numpy.save would fall back to 2.0
@@ -45,24 +71,24 @@ def write_npy(path: str, array: np.ndarray) -> None:
 
 
 class BackgroundWrites:
-    """``write(path, array)`` on a pool's threads while the caller computes the next arrays (a
+    """Jobs that write arrays, run on a pool's threads while the caller computes the next arrays (a
     direct write holds its thread until the device has the data), with at most ``limit`` bytes of
-    arrays waiting: ``put`` blocks until older writes are done when more would."""
+    arrays held by jobs not yet done: ``put`` blocks until older jobs are done when more would."""
 
-    def __init__(self, pool: Executor, limit: int, write: Callable[[str, np.ndarray], None]):
-        self.pool, self.limit, self.write = pool, limit, write
+    def __init__(self, pool: Executor, limit: int):
+        self.pool, self.limit = pool, limit
         self.pending: deque[tuple[Future, int]] = deque()
         self.waiting = 0
 
-    def put(self, path: str, array: np.ndarray) -> None:
-        """Write ``array`` (not to be changed until ``wait``) to ``path``."""
-        self.pending.append((self.pool.submit(self.write, path, array), array.nbytes))
-        self.waiting += array.nbytes
+    def put(self, nbytes: int, job: Callable[..., None], *args) -> None:
+        """Run ``job(*args)``, which holds ``nbytes`` of arrays (not to be changed until ``wait``)."""
+        self.pending.append((self.pool.submit(job, *args), nbytes))
+        self.waiting += nbytes
         while self.waiting > self.limit:
             self._oldest()
 
     def wait(self) -> None:
-        """Until every write is done; a failed one raises its error."""
+        """Until every job is done; a failed one raises its error."""
         while self.pending:
             self._oldest()
 
@@ -78,7 +104,7 @@ class NpyWriter:
     def __init__(self, path: str, dtype: np.dtype, shape: tuple[int, ...]):
         self.path, self.dtype, self.shape = path, np.dtype(dtype), tuple(shape)
         self.header_size = len(npy_header(self.dtype, self.shape))
-        self.row_bytes = self.dtype.itemsize * int(np.prod(self.shape[1:], dtype=np.int64))
+        self.row_bytes = self.dtype.itemsize * math.prod(self.shape[1:])
         self.fd = os.open(path, os.O_WRONLY)
         self._direct_fd: int | None = None  # O_DIRECT, opened by the first large write
         self._direct_tried = False
@@ -90,7 +116,7 @@ class NpyWriter:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
             try:
                 pwrite_all(fd, header, 0)
-                os.ftruncate(fd, len(header) + np.dtype(dtype).itemsize * int(np.prod(shape, dtype=np.int64)))
+                os.ftruncate(fd, len(header) + np.dtype(dtype).itemsize * math.prod(shape))
             finally:
                 os.close(fd)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from megacache.megatron.cache import CacheEntry, blend_entry, blend_identifiers, describe, existing, gpt_identifiers
-from megacache.formats.npy import NpyWriter, load_npy, write_npy
+from megacache.formats.npy import NpyWriter, _numpy_header, load_npy, npy_header, write_npy
 from megacache.fsio import DIRECT_MIN, DIRECT_STAGE
 
 
@@ -24,6 +24,22 @@ def test_npy_written_in_slices_equals_numpy_save(tmp_path, dtype, shape):
             w.write_rows(a, arr[a:b])
     assert (tmp_path / "ours.npy").read_bytes() == (tmp_path / "ref.npy").read_bytes()
     assert np.array_equal(load_npy(str(tmp_path / "ours.npy")), arr)
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.int32, np.int64, np.uint32, np.float64])
+def test_npy_header_from_a_template_equals_numpys(tmp_path, dtype):
+    """Headers made from another shape's (same digits in the first dimension) are numpy's bytes:
+    against numpy.save for real arrays, against numpy's header writer for shapes too large to hold."""
+    for shape in [(0,), (1,), (7,), (10,), (99,), (100,), (12345,), (54321,), (999_999,), (0, 2), (1, 2), (77, 2),
+                  (123_456, 2), (3, 4, 5)]:
+        np.save(tmp_path / "ref.npy", np.zeros(shape, dtype))
+        reference = (tmp_path / "ref.npy").read_bytes()
+        header = npy_header(np.dtype(dtype), shape)
+        assert reference[: len(header)] == header and len(reference) == len(header) + np.zeros(shape, dtype).nbytes
+    rng = np.random.default_rng(5)
+    for n in [*rng.integers(0, 2**62, 200).tolist(), 10**15, 10**15 - 1, 2**63 - 1]:
+        for shape in ((n,), (n, 2)):
+            assert npy_header(np.dtype(dtype), shape) == _numpy_header(np.dtype(dtype), shape)
 
 
 def test_gpt_cache_name_of_the_worked_example(tmp_path):
