@@ -130,7 +130,8 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: i
     first = min(-(-start // DIRECT_ALIGN) * DIRECT_ALIGN, end)
     last = max(end // DIRECT_ALIGN * DIRECT_ALIGN, first)
     if direct_fd is None or last - first < DIRECT_MIN:
-        first = last = end
+        pwritev_all(fd, views, start)  # most of a blend's files: one call
+        return
 
     def buffered(lo: int, hi: int) -> None:  # file positions [lo, hi) through ``fd``
         pwritev_all(fd, list(_spans(views, lo - start, hi - start)), lo)

@@ -136,14 +136,14 @@ def shuffle(arr: np.ndarray, state: MT19937, block: int = _PIPELINE_BLOCK) -> No
     if a.shape[0] < 2:
         return
     words = state.words
+    if a.shape[0] <= block and a.shape[0] * abs(a.strides[0]) <= _FUSED_BYTES:
+        _shuffle_small(a, words)
+        return
     hi = int(_shuffle_above_u32(a, words))
     tempered = np.empty(_N, dtype=np.int64)
     _temper_all(words, tempered)
     if hi <= block:
-        if (hi + 1) * abs(a.strides[0]) <= _FUSED_BYTES:
-            _shuffle_fused(a, words, tempered, hi)
-        else:
-            _shuffle_blocks(a, words, tempered, hi)
+        _shuffle_blocks(a, words, tempered, hi)
         return
     # Double-buffered: block k+1's j's are drawn (the RNG alone) while block k's swaps run here.
     buffers = (np.empty(block, dtype=np.int64), np.empty(block, dtype=np.int64))
@@ -337,7 +337,7 @@ def _swap_block(a, js, hi, m):
         a[i] = tmp
 
 
-@kernel(*(f"{a}, uint32[::1], int64[::1], int64" for a in _SHUFFLED))
+@kernel()
 def _shuffle_fused(a, words, tempered, hi):
     """Swaps i = hi … 1 (hi <= 2^32 - 1), each raw output drawn and swapped at once: an accepted
     one with a[i], a rejected one as a[i] with itself, so no branch depends on the draw."""
@@ -360,6 +360,15 @@ def _shuffle_fused(a, words, tempered, hi):
             i -= np.int64(accepted)
             pos += 1
     words[_N] = pos
+
+
+@kernel(*(f"{a}, uint32[::1]" for a in _SHUFFLED))
+def _shuffle_small(a, words):
+    """``shuffle`` of an array within ``_FUSED_BYTES`` (hence under 2^32 elements) in one call: a
+    blend shuffles thousands of such arrays, and each call from Python costs microseconds."""
+    tempered = np.empty(_N, dtype=np.int64)
+    _temper_all(words, tempered)
+    _shuffle_fused(a, words, tempered, a.shape[0] - 1)
 
 
 @kernel(*(f"{a}, uint32[::1], int64[::1], int64" for a in _SHUFFLED))
