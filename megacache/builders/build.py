@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +44,7 @@ from ..megatron.versions import resolve
 from .blend import BLEND_BLOCK, BlendTask, Blending, plan_blends
 from .gpt import (Datasets, GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, Survey, array_records,
                   measure_lengths, plan_tasks, survey_datasets)
-from .publish import read_manifest, update_manifest
+from .publish import read_manifest, updated_manifest, write_manifest
 
 #: the lock key of a cache directory
 CACHE_LOCK = "cache"
@@ -280,14 +281,14 @@ def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm) -> None:
         item.reused = hit
 
 
-def _manifest_records(items: list, version: str) -> dict[str, dict[str, dict]]:
-    """Per directory, the manifest records of the entries just built."""
-    out: dict[str, dict[str, dict]] = {}
+def _manifests(items: list, version: str) -> dict[str, bytes]:
+    """Per directory, its manifest with the records of the entries just built."""
+    records: dict[str, dict[str, dict]] = {}
     for item in items:
         e = item.entry
-        out.setdefault(e.directory, {})[e.stem] = {"description_md5": e.hash, "megatron_version": version,
-                                                   **item.marker}
-    return out
+        records.setdefault(e.directory, {})[e.stem] = {"description_md5": e.hash, "megatron_version": version,
+                                                       **item.marker}
+    return {directory: updated_manifest(directory, part) for directory, part in records.items()}
 
 
 def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
@@ -361,16 +362,21 @@ def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: Pha
             timer.mark("blend_wait")
         timer.since = time.monotonic()
         guard.enter("publish")
-        with comm.agreed("publishing the GPTDataset caches"):
-            guard.check_held()
-            gpt.publish()
-        comm.on_root(blending.publish, "publishing the blend caches")
+        # Rank 0 encodes the manifests (thousands of records) while the entries are linked, which
+        # wait on the directory's lock more than they use a core; they are written last.
+        with ThreadPoolExecutor(1, thread_name_prefix="manifest") as helper:
+            manifests = (helper.submit(_manifests, [*gpt.todo, *blending.todo], planned.megatron_version)
+                         if comm.is_root() else None)
+            with comm.agreed("publishing the GPTDataset caches"):
+                guard.check_held()
+                gpt.publish()
+            comm.on_root(blending.publish, "publishing the blend caches")
 
-        def write_manifests() -> None:
-            for directory, records in _manifest_records([*gpt.todo, *blending.todo], planned.megatron_version).items():
-                update_manifest(directory, records)
+            def write_manifests() -> None:
+                for directory, data in manifests.result().items():
+                    write_manifest(directory, data)
 
-        comm.on_root(write_manifests, "writing the manifest")
+            comm.on_root(write_manifests, "writing the manifest")
         timer.mark("publish")
     finally:
         gpt.discard()

@@ -45,12 +45,17 @@ def read_manifest(directory: str) -> dict[str, dict]:
     return entries
 
 
-def update_manifest(directory: str, records: dict[str, dict]) -> None:
-    """Add (or replace) ``records`` in the manifest. Callers hold the directory's lock."""
+def updated_manifest(directory: str, records: dict[str, dict]) -> bytes:
+    """The manifest with ``records`` added (or replaced), encoded for ``write_manifest``. Callers
+    hold the directory's lock."""
     entries = read_manifest(directory)
     entries.update(records)
+    return manifest_bytes(entries)
+
+
+def write_manifest(directory: str, data: bytes) -> None:
     os.makedirs(os.path.dirname(manifest_path(directory)), exist_ok=True)
-    write_atomic(manifest_path(directory), manifest_bytes(entries))
+    write_atomic(manifest_path(directory), data)
 
 
 def manifest_bytes(entries: dict[str, dict]) -> bytes:
