@@ -140,28 +140,33 @@ _ARRAY_FLAGS = ("C_CONTIGUOUS", "F_CONTIGUOUS", "WRITEABLE", "ALIGNED")
 
 
 def _value_type(value) -> tuple | str:
-    name = _SCALAR_NAMES.get(type(value))
+    kind = type(value)
+    name = _TYPE_NAMES.get(kind)
     if name is not None:
         return name
     if isinstance(value, np.ndarray):
         flags = value.flags
         layout = "C" if flags.c_contiguous else "F" if flags.f_contiguous else "A"
         return value.dtype.str, value.ndim, layout, flags.writeable, flags.aligned
+    if isinstance(value, int) and not isinstance(value, bool):
+        return "int64" if -(1 << 63) <= value < (1 << 63) else "uint64"
+    name = _TYPE_NAMES[kind] = _type_name(value)
+    return name
+
+
+#: what ``_type_name`` said of each type seen (numpy's ``dtype.name`` costs microseconds a call)
+_TYPE_NAMES: dict[type, str] = {}
+
+
+def _type_name(value) -> str:
+    """The name of a value whose type alone decides it (not an array, not a Python int)."""
     if isinstance(value, bool | np.bool_):
         return "bool"
-    if isinstance(value, int):
-        return "int64" if -(1 << 63) <= value < (1 << 63) else "uint64"
     if isinstance(value, np.integer | np.floating):
         return value.dtype.name
     if isinstance(value, float):
         return "float64"
     return type(value).__qualname__  # never exported: the JIT decides what it means
-
-
-#: scalar types ``_value_type`` names by their exact type (numpy's ``dtype.name`` costs microseconds)
-_SCALAR_NAMES = {t: np.dtype(t).name for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
-                                              np.uint32, np.uint64, np.float32, np.float64)}
-_SCALAR_NAMES.update({np.bool_: "bool", bool: "bool", float: "float64"})
 
 
 def numba_type_key(t) -> tuple | str:
