@@ -255,7 +255,7 @@ class Monitor:
 
     def _write(self) -> None:
         write_json_atomic(self.path, {**this_process(), "rank": self.rank, "ranks": self.size,
-                                      "phase": self.phase})
+                                      "phase": self.phase}, durable=False)
 
     def enter(self, phase: str) -> None:
         self.phase = phase

@@ -421,14 +421,21 @@ class Staging:
             remove_quietly(tmp)
 
 
-def write_atomic(path: str, data: bytes) -> None:
+def write_atomic(path: str, data: bytes, durable: bool = True) -> None:
+    """``data`` at ``path``: a reader sees the old content or the new, never part of either.
+    ``durable``: on disk before this returns (``publish``). A record that only describes a live
+    process (its phase, its progress) needs the rename alone: each fsync may flush the disk's
+    cache, tens of milliseconds on a virtual disk, and a crash makes such a record moot anyway."""
     tmp = tmp_path(path, str(os.getpid()))
     write_new_file(tmp, [data])
-    publish(tmp, path)
+    if durable:
+        publish(tmp, path)
+    else:
+        os.replace(tmp, path)
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+def write_json_atomic(path: str, obj: Any, durable: bool = True) -> None:
+    write_atomic(path, json.dumps(obj, indent=1, sort_keys=True).encode(), durable)
 
 
 def read_json(path: str) -> Any:

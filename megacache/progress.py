@@ -63,7 +63,7 @@ class Progress:
         now = time.monotonic()
         if now - self._last_write >= _WRITE_EVERY_S:
             self._last_write = now
-            write_atomic(self._path(self.rank), json.dumps(self.counts).encode())
+            write_atomic(self._path(self.rank), json.dumps(self.counts).encode(), durable=False)
 
     def totals(self) -> dict[str, int]:
         total = {"bytes": 0, "docs": 0, "tokens": 0}
@@ -115,7 +115,7 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         # Final counters always reach the file, so rank 0's last line is complete.
-        write_atomic(self._path(self.rank), json.dumps(self.counts).encode())
+        write_atomic(self._path(self.rank), json.dumps(self.counts).encode(), durable=False)
         if self._thread is not None:
             self._stop.set()
             self._thread.join()

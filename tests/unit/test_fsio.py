@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from megacache.fsio import (DIRECT_ALIGN, DIRECT_MIN, DIRECT_STAGE, TMP_MARK, Staging, _can_link_unnamed, open_direct,
-                            pwrite_mostly_direct, pwritev_all)
+                            pwrite_mostly_direct, pwritev_all, write_atomic)
 
 
 @pytest.mark.parametrize("offset", [0, 1, DIRECT_ALIGN - 1, DIRECT_ALIGN, 3 * DIRECT_ALIGN + 17])
@@ -97,6 +97,14 @@ def test_publishing_replaces_an_existing_file(tmp_path, unnamed_limit):
     assert (tmp_path / "a").read_bytes() == b"stale"
     staging.publish([str(tmp_path / "a")])
     assert os.listdir(tmp_path) == ["a"] and (tmp_path / "a").read_bytes() == b"fresh"
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_an_atomic_write_replaces_the_whole_file_and_leaves_no_temporary(tmp_path, durable):
+    path = tmp_path / "record.json"
+    write_atomic(str(path), b"first, and longer", durable)
+    write_atomic(str(path), b"second", durable)
+    assert os.listdir(tmp_path) == ["record.json"] and path.read_bytes() == b"second"
 
 
 @pytest.mark.parametrize("unnamed_limit", [None, 0])
