@@ -144,6 +144,9 @@ def summary(record: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
+    # as a build's rank does before it imports numpy (megacache.cli.main): no OpenBLAS threads
+    # spinning beside the ranks
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if argv[:1] == ["start"] and len(argv) == 1:
         start()
     elif argv[:1] == ["files"] and len(argv) == 3:
