@@ -132,6 +132,36 @@ def intrinsic(fn) -> Intrinsic:
     return Intrinsic(fn)
 
 
+def _prefetch(write: int):
+    """A call of ``llvm.prefetch`` for the cache line at an int64 address (kept in every cache
+    level); it never faults, so any address will do."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+
+    def codegen(context, builder, sig, args):
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [builder.inttoptr(args[0], i8p), ir.Constant(i32, write), ir.Constant(i32, 3),
+                          ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(types.int64), codegen
+
+
+@intrinsic
+def prefetch_read(typingctx, address):
+    """Ask for the cache line at ``address`` for reading (a gather's element, ahead of its load)."""
+    return _prefetch(0)
+
+
+@intrinsic
+def prefetch_write(typingctx, address):
+    """Ask for the cache line at ``address`` for writing (a swap's element, ahead of the swap)."""
+    return _prefetch(1)
+
+
 # ------------------------------------------------------------------------------------------------
 # argument types: the same key from a Python value (at each call) and from a numba type (when
 # compiling), so that a call meets the export compiled for it
@@ -202,7 +232,8 @@ def export_name(k: Kernel, key: tuple) -> str:
 def _jit_module(name: str) -> dict:
     """The globals the module's kernels compile with: its own, with every Kernel and Intrinsic
     replaced by numba's object, so that kernels call (and inline) each other as numba functions.
-    The module itself is left as it is."""
+    Intrinsics may come from another module (``prefetch_read``); kernels call only their own
+    module's. The module itself is left as it is."""
     with _lock:
         g = _jit_globals.get(name)
         if g is None:
@@ -210,9 +241,9 @@ def _jit_module(name: str) -> dict:
 
             module = sys.modules[name]
             g = dict(vars(module))
-            for obj in _declared.get(name, ()):
-                if isinstance(obj, Intrinsic):
-                    g[obj.fn.__name__] = obj.numba_object()
+            for key, value in vars(module).items():
+                if isinstance(value, Intrinsic):
+                    g[key] = value.numba_object()
             for obj in _declared.get(name, ()):
                 if isinstance(obj, Kernel):
                     fn = obj.py_func

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import MegacacheError
-from ..kernels import kernel
+from ..kernels import kernel, prefetch_read
 from .checks import integer
 from .permutation import MT19937, shuffle
 
@@ -43,6 +43,9 @@ _ROWS = ("int32[:, ::1]", "int64[:, ::1]")
 SEPARATION_THRESHOLD = 0.80
 #: positions per block of the sample-index walk (its buffers stay in L1)
 _WALK_BLOCK = 2048
+#: the walk asks for the length of the document this many positions ahead: a dataset's lengths
+#: outgrow the caches, and the document index visits them in random order
+_GATHER_AHEAD = 64
 
 
 class EpochPlan(NamedTuple):
@@ -418,11 +421,13 @@ def sample_index_rows(
 def _rows_from_lengths(sizes, document_index, first, start, first_position, first_k, L, x, rows):
     # Row k >= 1 is at the first position whose running token count reaches its target k·L + x.
     # A comparison per position would mispredict at every row; instead, per block of positions:
-    # their lengths and running counts, the last row each reaches (vectorised), the positions
-    # that reach a new one (compacted without branches), and only their rows. Returns the rows
-    # found inside the window.
+    # their lengths (gathered with prefetches ahead: 38 ns per position from a 20 MB array without,
+    # 20 with, on a 2-core VM, 2026-11-27), running counts, the last row each reaches (vectorised),
+    # the positions that reach a new one (compacted without branches), and only their rows.
+    # Returns the rows found inside the window.
     R = rows.shape[0]
     n = document_index.shape[0]
+    base = sizes.ctypes.data - first * 4  # the address of sequence 0's length (int32)
     size = np.empty(_WALK_BLOCK, np.int64)
     reach = np.empty(_WALK_BLOCK, np.int64)
     last = np.empty(_WALK_BLOCK, np.int64)
@@ -433,6 +438,7 @@ def _rows_from_lengths(sizes, document_index, first, start, first_position, firs
     for p in range(0, n, _WALK_BLOCK):
         m = min(_WALK_BLOCK, n - p)
         for j in range(m):
+            prefetch_read(base + np.int64(document_index[min(p + j + _GATHER_AHEAD, n - 1)]) * 4)
             size[j] = sizes[document_index[p + j] - first]
         for j in range(m):
             total += size[j]

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import MegacacheError
-from ..kernels import intrinsic, kernel
+from ..kernels import kernel, prefetch_write
 from .checks import integer
 
 _N = 624  # MT19937 state words
@@ -254,25 +254,6 @@ def _interval_kernel(words, max_value):
     return value
 
 
-@intrinsic
-def _prefetch(typingctx, address):
-    """Ask for the cache line at ``address`` (an int64) for writing; never faults."""
-    from llvmlite import ir
-    from numba import types
-    from numba.core import cgutils
-
-    def codegen(context, builder, sig, args):
-        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        # write, keep in all cache levels, data cache
-        builder.call(fn, [builder.inttoptr(args[0], i8p), ir.Constant(i32, 1), ir.Constant(i32, 3),
-                          ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return types.void(types.int64), codegen
-
-
 @kernel("uint32[::1], int64[::1]")
 def _temper_all(key, out):
     for k in range(_N):
@@ -326,10 +307,10 @@ def _swap_block(a, js, hi, m):
     """Swap a[i] with a[js[t]] for i = hi - t, t = 0..m-1, prefetching ``_AHEAD`` swaps ahead."""
     base, stride = a.ctypes.data, a.strides[0]
     for t in range(min(_AHEAD, m)):
-        _prefetch(base + js[t] * stride)
+        prefetch_write(base + js[t] * stride)
     for t in range(m):
         if t + _AHEAD < m:
-            _prefetch(base + js[t + _AHEAD] * stride)
+            prefetch_write(base + js[t + _AHEAD] * stride)
         i = hi - t
         j = js[t]
         tmp = a[j]
