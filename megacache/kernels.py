@@ -213,10 +213,14 @@ def numba_type_key(t) -> tuple | str:
 
 def _argument_types(text: str) -> tuple:
     """numba's argument-type string (``"int32[::1], int64"``), where ``readonly(T)`` is the
-    array type T of a read-only array (a memory map opened for reading, bytes)."""
+    array type T of a read-only array (a memory map opened for reading, bytes) and
+    ``unaligned(T)`` that of an array whose elements sit off their alignment (the sequence lengths
+    of a memory-mapped ``.idx``, 34 bytes into the file)."""
     from numba.core import types as nt
 
-    parsed = eval(text, {**vars(nt), "readonly": lambda t: t.copy(readonly=True)})  # noqa: S307 (our own strings)
+    parsed = eval(text, {**vars(nt), "readonly": lambda t: t.copy(readonly=True),  # noqa: S307 (our own strings)
+                         "unaligned": lambda t: nt.Array(t.dtype, t.ndim, t.layout, readonly=not t.mutable,
+                                                         aligned=False)})
     return parsed if isinstance(parsed, tuple) else (parsed,)
 
 

@@ -39,6 +39,9 @@ INT32_MAX = int(np.iinfo(np.int32).max)
 UINT32_MAX = int(np.iinfo(np.uint32).max)
 # sample index rows, as Megatron's versions write them: compiled natively for these
 _ROWS = ("int32[:, ::1]", "int64[:, ::1]")
+# (sequence lengths, document index) as a walk gets them: read into memory (a rank's own task), or
+# memory-mapped from the .idx and the shared document index (a task all ranks share)
+_LENGTHS = ("int32[::1], int32[::1]", "readonly(unaligned(int32[::1])), readonly(int32[::1])")
 #: Megatron separates the final epoch when it contributes fewer than int(0.80 * per_epoch) samples.
 SEPARATION_THRESHOLD = 0.80
 #: positions per block of the sample-index walk (its buffers stay in L1)
@@ -334,7 +337,7 @@ def slice_tokens(sizes: np.ndarray, document_index: np.ndarray, first: int = 0) 
     return int(_slice_tokens(np.asarray(sizes), np.asarray(document_index), np.int64(first)))
 
 
-@kernel("int32[::1], int32[::1], int64")
+@kernel(*(f"{lengths}, int64" for lengths in _LENGTHS))
 def _slice_tokens(sizes, document_index, first):
     total = 0
     for p in range(document_index.shape[0]):
@@ -417,7 +420,7 @@ def sample_index_rows(
     return out
 
 
-@kernel(*(f"int32[::1], int32[::1], int64, int64, int64, int64, int64, int64, {r}" for r in _ROWS))
+@kernel(*(f"{lengths}, int64, int64, int64, int64, int64, int64, {r}" for lengths in _LENGTHS for r in _ROWS))
 def _rows_from_lengths(sizes, document_index, first, start, first_position, first_k, L, x, rows):
     # Row k >= 1 is at the first position whose running token count reaches its target k·L + x.
     # A comparison per position would mispredict at every row; instead, per block of positions:

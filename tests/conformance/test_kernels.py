@@ -165,3 +165,14 @@ def test_builds_with_the_compiled_library_never_import_numba(tmp_path):
     # per dataset and split 3 arrays and a description, per split a blend's 2 and one, the sequence counts
     assert len(outputs["native"]) == 3 * 3 * 4 + 3 * 3 + 1
     assert outputs["native"] == outputs["jit"] == outputs["missing"]
+
+    # One prefix on 2 ranks: its train split is shared, so its walk reads the lengths memory-mapped
+    # from the .idx (read-only and, 34 bytes into the file, off their alignment) and the shared
+    # document index (read-only): those calls have exports too.
+    run = subprocess.run(["mpiexec", "-n", "2", sys.executable, "-c", BUILD, "build", "--data-path", prefixes[0],
+                          "--seq-length", "64", "--train-samples", "3000", "--global-batch-size", "1", "--eval-iters",
+                          "20", "--eval-interval", "100", "--tokenizer-type", "NullTokenizer", "--vocab-size", "1000",
+                          "--data-cache-path", str(tmp_path / "cache-shared")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("numba imported: False\n") == 2, run.stdout[-3000:]
