@@ -144,9 +144,9 @@ def summary(record: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    # as a build's rank does before it imports numpy (megacache.cli.main): no OpenBLAS threads
-    # spinning beside the ranks
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from megacache.cli import single_threaded_blas
+
+    single_threaded_blas()  # as a build's rank does, before numpy loads
     if argv[:1] == ["start"] and len(argv) == 1:
         start()
     elif argv[:1] == ["files"] and len(argv) == 3:

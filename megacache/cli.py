@@ -463,11 +463,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    # megacache never calls BLAS; without this, numpy's OpenBLAS starts a spinning thread per core
-    # in every rank, which competes with the ranks themselves at start-up. Set when the command
-    # runs, before it imports numpy; importing this module changes nothing.
+def single_threaded_blas() -> None:
+    """megacache never calls BLAS; without this, numpy's OpenBLAS starts a spinning thread per core
+    in every rank, which competes with the ranks themselves at start-up. Call it when a process
+    starts, before it imports numpy; importing this module changes nothing."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    single_threaded_blas()
     args = build_parser().parse_args(argv)
     if argv is None and args.command == "tokenize":
         hide_torch_from_transformers()

@@ -56,6 +56,10 @@ class Progress:
     def _path(self, rank: int) -> str:
         return os.path.join(self.directory, f"progress.rank{rank}.json")
 
+    def _write(self) -> None:
+        """This rank's counters into its file, for rank 0 to read (no fsync: they describe a live job)."""
+        write_atomic(self._path(self.rank), json.dumps(self.counts).encode(), durable=False)
+
     def add(self, bytes: int = 0, docs: int = 0, tokens: int = 0) -> None:
         self.counts["bytes"] += bytes
         self.counts["docs"] += docs
@@ -63,7 +67,7 @@ class Progress:
         now = time.monotonic()
         if now - self._last_write >= _WRITE_EVERY_S:
             self._last_write = now
-            write_atomic(self._path(self.rank), json.dumps(self.counts).encode(), durable=False)
+            self._write()
 
     def totals(self) -> dict[str, int]:
         total = {"bytes": 0, "docs": 0, "tokens": 0}
@@ -115,7 +119,7 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         # Final counters always reach the file, so rank 0's last line is complete.
-        write_atomic(self._path(self.rank), json.dumps(self.counts).encode(), durable=False)
+        self._write()
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
