@@ -181,7 +181,7 @@ def load_kernels() -> bool:
 def _build(args: argparse.Namespace, comm: Comm) -> None:
     from .kernels import library_dir
 
-    if not load_kernels() and comm.rank == 0 and library_dir() is not None:
+    if not load_kernels() and comm.rank == 0 and library_dir() is not None and not args.dry_run:
         print(f"megacache build: note: no kernels compiled for this CPU in {library_dir()}, so every rank "
               "loads numba's JIT (about 0.35 s of CPU each); `megacache kernels` compiles them once",
               file=sys.stderr, flush=True)
@@ -208,6 +208,11 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
                       drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence,
                       surplus=args.mid_level_dataset_surplus, rebuild_stale=args.rebuild_stale,
                       sequences_path=args.per_dataset_sequences_path)
+    if args.json and not args.dry_run:
+        raise MegacacheError("--json goes with --dry-run (a build prints a summary)")
+    if args.dry_run:
+        _dry_run(cfg, comm, args.verbose, args.json)
+        return
     result = build(cfg, comm)
     if comm.rank != 0:
         return
@@ -231,6 +236,63 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     if result.sequences_path:
         print(f"  Megatron's --per-dataset-sequences-path file: {result.sequences_path}", flush=True)
     print("  phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.phases.items()), flush=True)
+
+
+def _dry_run(cfg, comm: Comm, verbose: bool, as_json: bool) -> None:
+    """Every entry the build would write, its files and their state; nothing written, no lock."""
+    import json
+
+    from .builders.build import inventory
+
+    planned, states, others = inventory(cfg, comm)
+    if comm.rank != 0:
+        return
+    if as_json:
+        entries = []
+        for s in states:
+            e = s.item.entry
+            record = {"state": s.state, "class": e.class_name, "split": e.split_name, "md5": e.hash,
+                      "samples": s.samples, "requested": _requested(e), "directory": e.directory,
+                      "files": {w: {"path": e.path(w), "present": p} for w, p in zip(e.names, s.present)}}
+            if s.problems:
+                record["problems"] = s.problems
+            if verbose:
+                record["description"] = e.description
+            entries.append(record)
+        print(json.dumps({"megatron_version": planned.megatron_version, "entries": entries,
+                          "also_written": others}, indent=1), flush=True)
+        return
+    counts = {}
+    for s in states:
+        counts[s.state] = counts.get(s.state, 0) + 1
+    print(f"megacache build --dry-run: {len(states)} cache entries for megatron-core {planned.megatron_version} ("
+          + ", ".join(f"{n} {state}" for state, n in counts.items()) + "); nothing written", flush=True)
+    for s in states:
+        e = s.item.entry
+        source = (f"blend of {len(s.item.children)} datasets" if s.item in planned.blends
+                  else s.item.data_path)
+        requested = _requested(e)
+        asked = (" (one epoch)" if requested is None else "" if requested == s.samples else
+                 f" ({requested:,} asked)")
+        print(f"{s.state:<8} {e.split_name:<5} {e.class_name:<14} {s.samples:>14,} samples{asked}  "
+              f"{os.path.join(e.directory, e.stem)}-*  {source}", flush=True)
+        for problem in s.problems:
+            print(f"         {problem}", flush=True)
+        if verbose:
+            for what, present in zip(e.names, s.present):
+                print(f"         {'present' if present else 'absent '}  {e.path(what)}", flush=True)
+            print(_indent(e.description, 9), flush=True)
+    for path in others:
+        print(f"also written: {path}", flush=True)
+
+
+def _requested(entry) -> int | None:
+    """The samples an entry's description asks for (None: one epoch)."""
+    return entry.identifiers.get("num_samples", entry.identifiers.get("size"))
+
+
+def _indent(text: str, spaces: int) -> str:
+    return "\n".join(" " * spaces + line for line in text.split("\n"))
 
 
 def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
@@ -415,7 +477,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer-identifiers", metavar="FILE.json", help="the tokenizer's identifiers, verbatim")
     g.add_argument("--tokenizer-from-description", metavar="PATH",
                    help="take the tokenizer entry of an existing Megatron ...-description.txt")
-    p.add_argument("--verbose", action="store_true", help="print each split's full description")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build nothing: list every cache entry the build would write (its state: complete, "
+                        "missing, partial or stale; split; samples; files), and the other files it writes; "
+                        "takes no lock, exits 0")
+    p.add_argument("--json", action="store_true", help="with --dry-run: the list as JSON, for tools")
+    p.add_argument("--verbose", action="store_true",
+                   help="print each split's full description (with --dry-run: also each file and whether it is there)")
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser("merge", help="concatenate datasets in the order given (Megatron prefixes, or .pbin files)")

@@ -37,14 +37,14 @@ from ..errors import MegacacheError
 from ..formats.npy import read_npy_header
 from ..fsio import write_atomic
 from ..megatron.blends import Blend
-from ..megatron.cache import SPLIT_NAMES, existing
+from ..megatron.cache import SPLIT_NAMES, existing, present_files
 from ..megatron.sequences import default_path, sequences_json
 from ..megatron.training import DEFAULT_SPLIT
 from ..megatron.versions import resolve
 from .blend import BLEND_BLOCK, BlendTask, Blending, plan_blends
 from .gpt import (Datasets, GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, Survey, array_records,
                   measure_lengths, plan_tasks, survey_datasets)
-from .publish import read_manifest, updated_manifest, write_manifest
+from .publish import manifest_path, read_manifest, updated_manifest, write_manifest
 
 #: the lock key of a cache directory
 CACHE_LOCK = "cache"
@@ -220,33 +220,29 @@ def drift(item, record: dict | None) -> list[str]:
             for key, value in expected.items() if record.get(key) != value]
 
 
-def _reuse(items: list, present: list[bool], rebuild_stale: bool) -> list[bool]:
-    """Which of the entries present may be reused (rank 0). An existing entry that drifted is an
-    error, or (``rebuild_stale``) rebuilt."""
-    hits = list(present)
-    manifests = {d: read_manifest(d) for d in {item.entry.directory for item, hit in zip(items, hits) if hit}}
-    stale = []
-    for n, (item, hit) in enumerate(zip(items, hits)):
-        if hit:
-            problems = drift(item, manifests[item.entry.directory].get(item.entry.stem))
-            if problems:
-                stale.append((item, problems))
-                hits[n] = False
-    if stale and not rebuild_stale:
-        shown = "\n".join(f"  {item.entry.path('description.txt')}: " + "; ".join(problems)
-                           for item, problems in stale[:5])
-        more = f"\n  ... and {len(stale) - 5} more" if len(stale) > 5 else ""
-        raise MegacacheError(
-            f"{len(stale)} existing cache entr{'y was' if len(stale) == 1 else 'ies were'} built from other data or "
-            f"settings than this configuration's, which megatron-core's hash does not cover (it would reuse "
-            f"them silently):\n{shown}{more}\nPass --rebuild-stale (BuildConfig.rebuild_stale) to replace them, "
-            f"or use another --data-cache-path")
-    return hits
+def _drifts(items: list, present: list[bool]) -> list[list[str]]:
+    """For each entry, how it drifted from this configuration (rank 0): empty when it is not
+    there, or there and what this configuration would build."""
+    manifests = {d: read_manifest(d) for d in {item.entry.directory for item, hit in zip(items, present) if hit}}
+    return [drift(item, manifests[item.entry.directory].get(item.entry.stem)) if hit else []
+            for item, hit in zip(items, present)]
 
 
-def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
+def _stale_error(stale: list) -> MegacacheError:
+    shown = "\n".join(f"  {item.entry.path('description.txt')}: " + "; ".join(problems)
+                       for item, problems in stale[:5])
+    more = f"\n  ... and {len(stale) - 5} more" if len(stale) > 5 else ""
+    return MegacacheError(
+        f"{len(stale)} existing cache entr{'y was' if len(stale) == 1 else 'ies were'} built from other data or "
+        f"settings than this configuration's, which megatron-core's hash does not cover (it would reuse "
+        f"them silently):\n{shown}{more}\nPass --rebuild-stale (BuildConfig.rebuild_stale) to replace them, "
+        f"or use another --data-cache-path")
+
+
+def plan(cfg: BuildConfig, comm: Comm | None = None, decide_reuse: bool = True) -> Plan:
     """The entries of ``cfg`` (identical on every rank of ``comm``; a ``SingleComm`` plans alone,
-    with no collective). Only the lengths of entries that exist already are read (their drift check)."""
+    with no collective) and, unless told otherwise, which of them to reuse. Only the lengths of
+    entries that exist already are read (their drift check)."""
     comm = comm or get_comm()
     version = resolve(cfg.megatron_version)
     settings = cfg.settings
@@ -265,20 +261,67 @@ def plan(cfg: BuildConfig, comm: Comm | None = None) -> Plan:
         _check_dtypes(surveys)
     tasks = plan_tasks(requests, settings, surveys)
     planned = Plan(tasks, plan_blends(cfg, blend_specs, tasks), datasets, surveys, version)
-    _decide_reuse(planned, cfg, comm)
+    if decide_reuse:
+        _decide_reuse(planned, cfg, comm)
     return planned
 
 
 def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm) -> None:
     items = planned.items
     present = comm.on_root(lambda: existing([item.entry for item in items]), "looking for existing caches")
-    # The drift check compares what an entry was built from, its lengths' checksum included:
-    # the lengths of the entries found are read (collectively), no others.
+    drifts = _check_existing(planned, present, comm)
+    stale = [(item, problems) for item, problems in zip(items, drifts) if problems]
+    if stale and not cfg.rebuild_stale:
+        raise _stale_error(stale)  # on every rank alike: the drifts were broadcast
+    for item, hit, problems in zip(items, present, drifts):
+        item.reused = hit and not problems
+
+
+def _check_existing(planned: Plan, present: list[bool], comm: Comm) -> list[list[str]]:
+    """``_drifts`` of the entries present, on every rank. The drift check compares what an entry was
+    built from, its lengths' checksum included: the lengths of the entries found are read
+    (collectively), no others."""
     found = [j for j, hit in zip(planned.gpt, present) if hit and j.length_checksum is None]
     measure_lengths(found, planned.datasets, comm)
-    hits = comm.on_root(lambda: _reuse(items, present, cfg.rebuild_stale), "checking existing caches")
-    for item, hit in zip(items, hits):
-        item.reused = hit
+    return comm.on_root(lambda: _drifts(planned.items, present), "checking existing caches")
+
+
+@dataclass
+class EntryState:
+    """One cache entry a configuration names, and what of it is on disk (``inventory``)."""
+
+    item: GPTTask | BlendTask
+    present: tuple[bool, ...]           # per file, in ``item.entry.names`` order
+    problems: list[str]                 # how a complete entry drifted from this configuration
+
+    @property
+    def state(self) -> str:
+        """complete (a build reuses it), missing, partial (a build replaces it: Megatron's cache
+        hit needs every file), or stale (complete, but built from other data or settings: a build
+        refuses it, or replaces it with --rebuild-stale)."""
+        if all(self.present):
+            return "stale" if self.problems else "complete"
+        return "partial" if any(self.present) else "missing"
+
+    @property
+    def samples(self) -> int:
+        """Samples the entry's index holds (a GPTDataset's: whole epochs, at least those asked for)."""
+        return self.item.size if isinstance(self.item, BlendTask) else self.item.plan.num_samples
+
+
+def inventory(cfg: BuildConfig, comm: Comm | None = None) -> tuple[Plan, list[EntryState], list[str]]:
+    """What ``build(cfg)`` would do, without doing it: every entry it names with its files' state,
+    and the other files it writes (megacache's manifests, Megatron's per-dataset sequences file).
+    Reads the datasets' indices and the cache directory; takes no lock and writes nothing."""
+    comm = comm or get_comm()
+    planned = plan(cfg, comm, decide_reuse=False)
+    items = planned.items
+    files = comm.on_root(lambda: present_files([item.entry for item in items]), "looking for existing caches")
+    drifts = _check_existing(planned, [all(f) for f in files], comm)
+    states = [EntryState(item, f, d) for item, f, d in zip(items, files, drifts)]
+    others = sorted({manifest_path(s.item.entry.directory) for s in states if s.state != "complete"})
+    update = comm.on_root(lambda: _sequences_update(planned, cfg), "reading Megatron's per-dataset sequences file")
+    return planned, states, others + ([update[0]] if update else [])
 
 
 def _manifests(items: list, version: str) -> dict[str, bytes]:
@@ -317,25 +360,36 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
                        timer.phases, sequences)
 
 
-def _write_sequences(planned: Plan, cfg: BuildConfig, comm: Comm) -> str | None:
-    """Megatron's per-dataset sequences file for this configuration's prefixes (rank 0; the plan
-    lists the datasets in the order Megatron's tool does), unless it holds that already. Its path."""
-    path = default_path(cfg.cache_dir) if cfg.sequences_path is None else cfg.sequences_path or None
+def _sequences_update(planned: Plan, cfg: BuildConfig) -> tuple[str, bytes] | None:
+    """Megatron's per-dataset sequences file for this configuration's prefixes (the plan lists the
+    datasets in the order Megatron's tool does): its path and bytes, unless it holds them already
+    or none is asked for."""
+    path = _sequences_path(cfg)
     if path is None:
         return None
+    data = sequences_json({p: (s.sequence_count, s.document_count) for p, s in planned.surveys.items()})
+    try:
+        with open(path, "rb") as f:
+            if f.read() == data:
+                return None
+    except FileNotFoundError:
+        pass
+    return path, data
 
+
+def _write_sequences(planned: Plan, cfg: BuildConfig, comm: Comm) -> str | None:
+    """``_sequences_update`` written (rank 0); the file's path."""
     def write() -> None:
-        data = sequences_json({p: (s.sequence_count, s.document_count) for p, s in planned.surveys.items()})
-        try:
-            with open(path, "rb") as f:
-                if f.read() == data:
-                    return
-        except FileNotFoundError:
-            pass
-        write_atomic(path, data)
+        update = _sequences_update(planned, cfg)
+        if update is not None:
+            write_atomic(*update)
 
-    comm.on_root(write, f"writing {path}")
-    return path
+    comm.on_root(write, "writing Megatron's per-dataset sequences file")
+    return _sequences_path(cfg)
+
+
+def _sequences_path(cfg: BuildConfig) -> str | None:
+    return default_path(cfg.cache_dir) if cfg.sequences_path is None else cfg.sequences_path or None
 
 
 def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: PhaseTimer) -> None:

@@ -164,8 +164,13 @@ class CacheEntry:
 
 
 def existing(entries) -> list[bool]:
-    """``entry.exists()`` for many entries with one directory listing per directory instead of a
-    stat per file (thousands of entries in a blend)."""
+    """``entry.exists()`` for many entries."""
+    return [all(files) for files in present_files(entries)]
+
+
+def present_files(entries) -> list[tuple[bool, ...]]:
+    """For each entry, whether each of its files (``entry.names``) is there, with one directory
+    listing per directory instead of a stat per file (thousands of entries in a blend)."""
     listings: dict[str, set[str]] = {}
     out = []
     for e in entries:
@@ -175,5 +180,5 @@ def existing(entries) -> list[bool]:
             except (FileNotFoundError, NotADirectoryError):
                 listings[e.directory] = set()
         names = listings[e.directory]
-        out.append(all(e.file_name(what) in names for what in e.names))
+        out.append(tuple(e.file_name(what) in names for what in e.names))
     return out

@@ -14,23 +14,12 @@ from contextlib import nullcontext
 import numpy as np
 import pytest
 
-from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig, plan
+from megacache.megatron.blends import parse_blend
 from megacache.comm import Comm, SingleComm, get_comm
 from support.oracle import load_mcore, sweep_configurations, write_lengths
-from support.sweeps import (NULL_TOKENIZER, build_and_compare, megatron_build, per_split_blends, random_blend_config,
+from support.sweeps import (NULL_TOKENIZER, blend_build_config, build_and_compare, megatron_build, random_blend_config,
                             torch_group, words)
-
-
-def our_config(c: dict, prefixes: list[str], cache: str, **tuning) -> BuildConfig:
-    if c["per_split"]:
-        blends = [None if b is None else parse_blend(words(*b)) for b in per_split_blends(c, prefixes)]
-        data = dict(blend_per_split=blends, split=None)
-    else:
-        data = dict(blend=parse_blend(words(prefixes, c["weights"])), split=c["split"])
-    return BuildConfig(seq_length=c["L"], sizes=tuple(c["sizes"]), tokenizer=NULL_TOKENIZER, seed=c["seed"],
-                       cache_dir=cache, add_extra_token=bool(c["x"]),
-                       drop_last_partial_validation=c["drop_last"], **data, **tuning)
 
 
 def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) -> str:
@@ -41,7 +30,7 @@ def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) ->
             write_lengths(p, lengths)
         theirs_error = megatron_build(mcore, prefixes, c, os.path.join(workdir, "theirs"))
     theirs_error = comm.bcast(theirs_error)
-    cfg = our_config(c, prefixes, os.path.join(workdir, "ours"), **tuning)
+    cfg = blend_build_config(c, prefixes, os.path.join(workdir, "ours"), **tuning)
     result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refuse=bool(theirs_error))
     if result is None:
         return "refused"

@@ -14,7 +14,7 @@ from megacache.megatron.training import split_sizes
 from megacache.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
 from support.oracle import load_mcore, megatron_splits, sweep_configurations, write_lengths
-from support.sweeps import NULL_TOKENIZER, build_and_compare, random_config, would_hang
+from support.sweeps import build_and_compare, prefix_build_config, random_config, would_hang
 
 
 
@@ -48,10 +48,7 @@ def run_both(mcore, comm, workdir: str, c: dict) -> str:
     if comm.rank == 0 and not hang:
         theirs_error = megatron_cache(mcore, prefix, c, os.path.join(workdir, "theirs"))
     theirs_error = comm.bcast(theirs_error)
-    cfg = BuildConfig.for_prefix(prefix, seq_length=c["L"], sizes=tuple(c["sizes"]),
-                                 tokenizer=NULL_TOKENIZER, split=c["split"], seed=c["seed"],
-                                 cache_dir=os.path.join(workdir, "ours"), add_extra_token=bool(c["x"]),
-                                 drop_last_partial_validation=c["drop_last"])
+    cfg = prefix_build_config(c, prefix, os.path.join(workdir, "ours"))
     result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refuse=bool(hang or theirs_error))
     if result is None:
         return "refused"

@@ -10,7 +10,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from megacache.builders.build import build
+from megacache.builders.build import BuildConfig, build
+from megacache.megatron.blends import parse_blend
 from megacache.errors import MegacacheError
 from megacache.megatron.tokenizer import tokenizer_identifiers
 from megacache.megatron.training import split_sizes
@@ -45,6 +46,13 @@ def random_config(rng: np.random.Generator) -> dict:
     return dict(lengths=lengths, split=str(rng.choice(SPLITS)), sizes=sizes, L=L, x=x,
                 seed=int(rng.choice([0, 1234, 2**32 - 1, int(rng.integers(0, 2**32))])),
                 drop_last=bool(rng.integers(0, 2)))
+
+
+def prefix_build_config(c: dict, prefix: str, cache: str) -> BuildConfig:
+    """megacache's configuration for ``random_config``'s ``c`` over ``prefix``."""
+    return BuildConfig.for_prefix(prefix, seq_length=c["L"], sizes=tuple(c["sizes"]), tokenizer=NULL_TOKENIZER,
+                                  split=c["split"], seed=c["seed"], cache_dir=cache, add_extra_token=bool(c["x"]),
+                                  drop_last_partial_validation=c["drop_last"])
 
 
 def cache_files(directory: str) -> dict[str, bytes]:
@@ -147,6 +155,18 @@ def per_split_blends(c: dict, prefixes: list[str]) -> list:
     w = c["weights"]
     return [(prefixes, w), (prefixes[:half], None if w is None else w[:half]),
             None if c["sizes"][2] is None else (prefixes[-1:], None if w is None else w[-1:])]
+
+
+def blend_build_config(c: dict, prefixes: list[str], cache: str, **tuning) -> BuildConfig:
+    """megacache's configuration for ``random_blend_config``'s ``c`` over ``prefixes``."""
+    if c["per_split"]:
+        blends = [None if b is None else parse_blend(words(*b)) for b in per_split_blends(c, prefixes)]
+        data = dict(blend_per_split=blends, split=None)
+    else:
+        data = dict(blend=parse_blend(words(prefixes, c["weights"])), split=c["split"])
+    return BuildConfig(seq_length=c["L"], sizes=tuple(c["sizes"]), tokenizer=NULL_TOKENIZER, seed=c["seed"],
+                       cache_dir=cache, add_extra_token=bool(c["x"]),
+                       drop_last_partial_validation=c["drop_last"], **data, **tuning)
 
 
 def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
