@@ -102,23 +102,43 @@ def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
         print(_copy_summary("convert", r), flush=True)
 
 
-def _tokenizer_ids(args: argparse.Namespace, version: str) -> dict:
+def _tokenizer_ids(args: argparse.Namespace, comm: Comm) -> tuple[str, dict]:
+    """The megatron-core version the build follows, and the tokenizer identity it hashes."""
     from .megatron.flags import given_flags, resolve_flags
     from .megatron.tokenizer import (TOKENIZER_FLAGS, identifiers_from_description, identifiers_from_json,
                                      tokenizer_identifiers)
+    from .megatron.versions import resolve
 
     given = given_flags(args, TOKENIZER_FLAGS)
+    if args.megatron_python:
+        if args.tokenizer_identifiers or args.tokenizer_from_description:
+            raise MegacacheError("--megatron-python asks your Megatron for the tokenizer identity: give it the "
+                                 "tokenizer flags, not --tokenizer-identifiers or --tokenizer-from-description")
+        _need_tokenizer_type(given)
+        from .megatron.interpreter import asked_identifiers
+
+        # one process asks (it imports that Megatron: seconds), every rank learns the answer
+        asked = comm.on_root(lambda: asked_identifiers(args.megatron_python, given, args.megatron_version),
+                             f"asking {args.megatron_python} for the tokenizer identity")
+        if asked.note and comm.rank == 0:
+            print(f"megacache build: note: {asked.note}", file=sys.stderr, flush=True)
+        return asked.version, asked.identifiers
+    version = resolve(args.megatron_version)
     # a flag the version lacks is an error whichever way the identity comes
     resolve_flags(TOKENIZER_FLAGS, version, given)
     if args.tokenizer_identifiers:
-        return identifiers_from_json(args.tokenizer_identifiers)
+        return version, identifiers_from_json(args.tokenizer_identifiers)
     if args.tokenizer_from_description:
-        return identifiers_from_description(args.tokenizer_from_description)
+        return version, identifiers_from_description(args.tokenizer_from_description)
+    _need_tokenizer_type(given)
+    return version, tokenizer_identifiers(megatron_version=version, **given)
+
+
+def _need_tokenizer_type(given: dict) -> None:
     if not given.get("tokenizer_type"):
         raise MegacacheError("the cache name hashes the tokenizer: give Megatron's --tokenizer-type (with "
                              "--tokenizer-model/--vocab-file/--merge-file/--vocab-size as in training), or "
                              "--tokenizer-identifiers FILE.json, or --tokenizer-from-description PATH")
-    return tokenizer_identifiers(megatron_version=version, **given)
 
 
 def import_numba_for_kernels() -> None:
@@ -189,19 +209,18 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     from .builders.build import BuildConfig, build
     from .megatron.flags import given_flags
     from .megatron.training import DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
-    from .megatron.versions import resolve
 
     blend, per_split = blend_from_flags(args.data_path, args.data_args_path,
                                         (args.train_data_path, args.valid_data_path, args.test_data_path),
                                         args.per_split_data_args_path)
-    version = resolve(args.megatron_version)
     if args.dataloader_fast_cache_load and not per_split:
         raise MegacacheError("--dataloader-fast-cache-load and --data-path cannot be used together (megatron-core "
                              "asserts): give the data per split (--per-split-data-args-path or "
                              "--train/valid/test-data-path)")
     split = args.split if args.split is not None or per_split else DEFAULT_SPLIT
+    version, tokenizer = _tokenizer_ids(args, comm)
     sizes = split_sizes(version, **given_flags(args, SIZE_FLAGS))
-    cfg = BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=_tokenizer_ids(args, version),
+    cfg = BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=tokenizer,
                       megatron_version=version, blend=blend,
                       blend_per_split=per_split, split=split, seed=args.seed, cache_dir=args.data_cache_path,
                       add_extra_token=not args.no_add_extra_token_to_sequence,
@@ -477,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer-identifiers", metavar="FILE.json", help="the tokenizer's identifiers, verbatim")
     g.add_argument("--tokenizer-from-description", metavar="PATH",
                    help="take the tokenizer entry of an existing Megatron ...-description.txt")
+    g.add_argument("--megatron-python", metavar="PYTHON",
+                   help="ask the Megatron this interpreter imports (in this environment, so a Megatron-LM "
+                        "checkout on PYTHONPATH counts) for the tokenizer identity, built from these flags by "
+                        "its own build_tokenizer; it must agree with megacache's table where the table knows "
+                        "that version (a newer one is followed as it answers). Costs one import of Megatron")
     p.add_argument("--dry-run", action="store_true",
                    help="build nothing: list every cache entry the build would write (its state: complete, "
                         "missing, partial or stale; split; samples; files), and the other files it writes; "

@@ -1,0 +1,168 @@
+"""The Megatron a user's training runs, asked directly (``--megatron-python PYTHON``): that
+interpreter, in megacache's environment (so a Megatron-LM checkout on PYTHONPATH counts), builds the
+tokenizer from the same flags with its own ``build_tokenizer`` (``identity_worker.py``, a process of
+its own without torch.distributed) and reports the ``unique_identifiers`` that training hashes.
+
+Where megacache's table knows that version, both must agree, or the build stops naming each field
+that differs: a patched Megatron, or a table gone wrong, must not pass silently. A Megatron newer
+than the table is followed as it answers, the rest of the build following the table's newest version.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+
+from ..errors import MegacacheError
+from .flags import resolve_flags
+from .tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
+from .tokenizer import _special_tokens as special_tokens
+from .versions import SUPPORTED, at_least, normalize
+from .versions import _minor as minor_of
+
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "identity_worker.py")
+#: ``args`` attributes build_tokenizer reads beyond the tokenizer flags: its vocabulary padding,
+#: which does not enter the identity
+_PADDING = dict(make_vocab_size_divisible_by=128, tensor_model_parallel_size=1, rank=0)
+#: the attributes megatron-core 0.18 on reads under other names than the flags'
+_RENAMED = {"tokenizer_special_tokens": "special_tokens", "tokenizer_metadata": "metadata_path"}
+
+
+@dataclass
+class Asked:
+    """What the user's Megatron answered, and which of megacache's versions the build follows."""
+
+    megatron: str                       # the version that Megatron reports, e.g. 0.19.2
+    version: str                        # the supported version the build follows
+    identifiers: dict
+    note: str | None                    # for the user, when the table could not check the answer
+
+
+def attributes(version: str, given: dict) -> dict:
+    """``args`` as Megatron-LM ``version`` parses the tokenizer flags ``given`` (its defaults for the
+    rest), under the names its ``build_tokenizer`` reads."""
+    args = resolve_flags(TOKENIZER_FLAGS, version, given)
+    args["tokenizer_special_tokens"] = special_tokens(version, args)
+    if at_least(version, "0.18"):
+        args = {_RENAMED.get(k, k): v for k, v in args.items()}
+    return {**args, **_PADDING}
+
+
+def flag_words(given: dict) -> list[str]:
+    """The flags ``given`` (destinations and values) as command-line words."""
+    words = []
+    for f in TOKENIZER_FLAGS:
+        if f.dest not in given:
+            continue
+        value = given[f.dest]
+        if f.kind in ("true", "false"):
+            if value != f.default:
+                words.append(f.names[0])
+            continue
+        if value is None:
+            continue
+        words.append(f.names[0])
+        words += [str(v) for v in value] if f.kind == "list" else [str(value)]
+    return words
+
+
+def ask(python: str, cases: list[dict], timeout_s: float = 600) -> dict:
+    """The worker's answer for the tokenizer flags of each case: ``version``, and ``answers`` (per
+    case ``identifiers`` or ``error``) or ``error``."""
+    # megacache's defaults for every version it knows; the worker takes its own version's, or the
+    # newest's for a Megatron newer than the table.
+    request = {"cases": [{"words": flag_words(given),
+                          "attributes": {v: attributes(v, given) for v in SUPPORTED if _version_has(v, given)}}
+                         for given in cases]}
+    try:
+        done = subprocess.run([python, WORKER], input=json.dumps(request), capture_output=True, text=True,
+                              timeout=timeout_s, env=os.environ.copy())
+    except FileNotFoundError:
+        raise MegacacheError(f"--megatron-python {python}: no such program; give the Python your training "
+                             f"runs (e.g. the python of its virtual environment)") from None
+    except PermissionError:
+        raise MegacacheError(f"--megatron-python {python}: not executable") from None
+    except subprocess.TimeoutExpired:
+        raise MegacacheError(f"--megatron-python {python}: no answer within {timeout_s:.0f} s") from None
+    except OSError as exc:
+        raise MegacacheError(f"--megatron-python {python}: cannot run it ({exc.strerror})") from None
+    last = done.stdout.rstrip("\n").rpartition("\n")[2]
+    try:
+        answer = json.loads(last)
+        if not isinstance(answer, dict):
+            raise ValueError
+    except ValueError:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+        raise MegacacheError(f"--megatron-python {python}: did not answer as a Python interpreter "
+                             f"running megacache's worker does (exit status {done.returncode}): "
+                             + " | ".join(tail)) from None
+    return answer
+
+
+def _version_has(version: str, given: dict) -> bool:
+    try:
+        resolve_flags(TOKENIZER_FLAGS, version, given)
+    except MegacacheError:
+        return False
+    return True
+
+
+def asked_identifiers(python: str, given: dict, requested: str | None = None) -> Asked:
+    """The tokenizer identity of the Megatron ``python`` imports, checked against megacache's table
+    where it knows that version; ``requested`` (``--megatron-version``) must name the same version."""
+    answer = ask(python, [given])
+    found = answer.get("version")
+    if "error" in answer:
+        error = answer["error"]
+        hint = ("install megatron-core there, or put your Megatron-LM checkout on PYTHONPATH"
+                if "No module named 'megatron" in error else "does your training import it?")
+        raise MegacacheError(f"--megatron-python {python}: cannot import its Megatron ({error}); {hint}")
+    case = answer["answers"][0]
+    if "error" in case:
+        raise MegacacheError(f"--megatron-python {python}: its megatron-core {found} could not build the "
+                             f"tokenizer from these flags: {case['error']}")
+    minor = minor_of(found or "")
+    if minor is None:
+        raise MegacacheError(f"--megatron-python {python}: its megatron.core reports version {found!r}, "
+                             f"which is not a version number")
+    newest = SUPPORTED[-1]
+    known = f"{minor[0]}.{minor[1]}"
+    if requested is not None and normalize(requested) != known:
+        raise MegacacheError(f"--megatron-version {requested}, but --megatron-python {python} runs megatron-core "
+                             f"{found}: give the one your training runs (or leave --megatron-version out)")
+    ids = case["identifiers"]
+    if known not in SUPPORTED:
+        if minor < minor_of(newest):
+            raise MegacacheError(f"--megatron-python {python} runs megatron-core {found}, older than the "
+                                 f"versions megacache reproduces ({', '.join(SUPPORTED)})")
+        return Asked(found, newest, ids,
+                     f"megatron-core {found} is newer than megacache's table ({newest}): its own tokenizer "
+                     f"identity names the cache; the indices follow {newest}")
+    table = tokenizer_identifiers(megatron_version=known, **given)
+    problems = differences(ids, table)
+    if problems:
+        raise MegacacheError(
+            f"--megatron-python {python} (megatron-core {found}) gives another tokenizer identity than "
+            f"megacache's table for {known}, so the cache names would differ:\n"
+            + "\n".join(f"  {p}" for p in problems)
+            + "\nIf your Megatron is patched, pass its identity with --tokenizer-identifiers FILE.json; "
+              "otherwise report this as a megacache bug")
+    return Asked(found, known, ids, None)
+
+
+def differences(asked: dict, table: dict) -> list[str]:
+    """Each field whose value differs, then (if the values agree) the order of the fields, which the
+    description's JSON keeps."""
+    out = []
+    for key in dict.fromkeys([*asked, *table]):
+        if key not in table:
+            out.append(f"{key}: this Megatron has {asked[key]!r}, megacache's table has no such field")
+        elif key not in asked:
+            out.append(f"{key}: megacache's table has {table[key]!r}, this Megatron has no such field")
+        elif asked[key] != table[key]:
+            out.append(f"{key}: this Megatron has {asked[key]!r}, megacache's table has {table[key]!r}")
+    if not out and list(asked) != list(table):
+        out.append(f"field order: this Megatron has {list(asked)}, megacache's table has {list(table)}")
+    return out
