@@ -10,6 +10,15 @@
     splits = open_cache(cfg)      # {"train": ..., "valid": ..., "test": ...}
     tokens = splits["train"][0]   # int64[seq_length + 1], as megatron-core's dataset reads it
 
+Or from the flags the training run is given, the megatron-core version resolved once (or asked of the
+training's own interpreter) and the sizes and tokenizer identity derived from it::
+
+    cfg = BuildConfig.from_megatron_flags(
+        tokenizer=dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/models/tok"),
+        training=dict(train_iters=100_000, global_batch_size=512, eval_iters=10, eval_interval=1000),
+        megatron_python="/venvs/train/bin/python",     # optional: that Megatron's own build_tokenizer
+        blend=parse_blend(["/data/web_text_document"]), seq_length=4096, cache_dir="/data/cache")
+
 ``open_cache`` needs no other rank: each process plans on its own (reading the sequence lengths)
 and memory-maps the files.
 """

@@ -105,40 +105,32 @@ def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
 def _tokenizer_ids(args: argparse.Namespace, comm: Comm) -> tuple[str, dict]:
     """The megatron-core version the build follows, and the tokenizer identity it hashes."""
     from .megatron.flags import given_flags, resolve_flags
-    from .megatron.tokenizer import (TOKENIZER_FLAGS, identifiers_from_description, identifiers_from_json,
-                                     tokenizer_identifiers)
+    from .megatron.interpreter import identity
+    from .megatron.tokenizer import TOKENIZER_FLAGS, identifiers_from_description, identifiers_from_json
     from .megatron.versions import resolve
 
     given = given_flags(args, TOKENIZER_FLAGS)
-    if args.megatron_python:
-        if args.tokenizer_identifiers or args.tokenizer_from_description:
+    if args.tokenizer_identifiers or args.tokenizer_from_description:
+        if args.megatron_python:
             raise MegacacheError("--megatron-python asks your Megatron for the tokenizer identity: give it the "
                                  "tokenizer flags, not --tokenizer-identifiers or --tokenizer-from-description")
-        _need_tokenizer_type(given)
-        from .megatron.interpreter import asked_identifiers
-
-        # one process asks (it imports that Megatron: seconds), every rank learns the answer
-        asked = comm.on_root(lambda: asked_identifiers(args.megatron_python, given, args.megatron_version),
-                             f"asking {args.megatron_python} for the tokenizer identity")
-        if asked.note and comm.rank == 0:
-            print(f"megacache build: note: {asked.note}", file=sys.stderr, flush=True)
-        return asked.version, asked.identifiers
-    version = resolve(args.megatron_version)
-    # a flag the version lacks is an error whichever way the identity comes
-    resolve_flags(TOKENIZER_FLAGS, version, given)
-    if args.tokenizer_identifiers:
-        return version, identifiers_from_json(args.tokenizer_identifiers)
-    if args.tokenizer_from_description:
+        version = resolve(args.megatron_version)
+        # a flag the version lacks is an error whichever way the identity comes
+        resolve_flags(TOKENIZER_FLAGS, version, given)
+        if args.tokenizer_identifiers:
+            return version, identifiers_from_json(args.tokenizer_identifiers)
         return version, identifiers_from_description(args.tokenizer_from_description)
-    _need_tokenizer_type(given)
-    return version, tokenizer_identifiers(megatron_version=version, **given)
-
-
-def _need_tokenizer_type(given: dict) -> None:
     if not given.get("tokenizer_type"):
         raise MegacacheError("the cache name hashes the tokenizer: give Megatron's --tokenizer-type (with "
                              "--tokenizer-model/--vocab-file/--merge-file/--vocab-size as in training), or "
                              "--tokenizer-identifiers FILE.json, or --tokenizer-from-description PATH")
+    # One process derives it (asking --megatron-python imports that Megatron: seconds); every rank
+    # learns the answer.
+    found = comm.on_root(lambda: identity(given, args.megatron_version, args.megatron_python),
+                         "deriving the tokenizer identity")
+    if found.note and comm.rank == 0:
+        print(f"megacache build: note: {found.note}", file=sys.stderr, flush=True)
+    return found.version, found.identifiers
 
 
 def import_numba_for_kernels() -> None:

@@ -21,6 +21,7 @@ Order of work, chosen so that nothing is wasted and nothing partial is visible:
 from __future__ import annotations
 
 import os
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -80,6 +81,28 @@ class BuildConfig:
     #: where to write Megatron's --per-dataset-sequences-path JSON (default: in ``cache_dir``, as
     #: ``megatron.sequences.FILE_NAME``; "" writes none)
     sequences_path: str | None = None
+
+    @classmethod
+    def from_megatron_flags(cls, tokenizer: dict, training: dict, megatron_version: str | None = None,
+                            megatron_python: str | None = None, **fields) -> "BuildConfig":
+        """A configuration from the flags a Megatron-LM run is given, as keywords in snake case: the
+        tokenizer's (``tokenizer_type``, ``tokenizer_model``, ``vocab_size``, ...) and the training
+        loop's that size the splits (``train_samples`` or ``train_iters``, ``global_batch_size``,
+        ``eval_iters``, ``eval_interval``, ...). The megatron-core version is resolved once, as
+        ``megatron_version`` says (else the installed one's), or asked of the interpreter
+        ``megatron_python`` together with the tokenizer identity (``megatron.interpreter``); the
+        sizes and the identity follow it. ``fields``: the rest (``blend``, ``split``, ``seq_length``,
+        ``seed``, ``cache_dir``, ...)."""
+        from ..megatron.flags import without_defaults
+        from ..megatron.interpreter import identity
+        from ..megatron.tokenizer import TOKENIZER_FLAGS
+        from ..megatron.training import split_sizes
+
+        found = identity(without_defaults(TOKENIZER_FLAGS, tokenizer), megatron_version, megatron_python)
+        if found.note:
+            print(f"megacache: note: {found.note}", file=sys.stderr, flush=True)
+        return cls(sizes=split_sizes(found.version, **training), tokenizer=found.identifiers,
+                   megatron_version=found.version, **fields)
 
     @classmethod
     def for_prefix(cls, data_path: str, **fields) -> "BuildConfig":

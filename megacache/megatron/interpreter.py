@@ -19,7 +19,7 @@ from ..errors import MegacacheError
 from .flags import resolve_flags
 from .tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
 from .tokenizer import _special_tokens as special_tokens
-from .versions import SUPPORTED, at_least, normalize
+from .versions import SUPPORTED, at_least, normalize, resolve
 from .versions import _minor as minor_of
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "identity_worker.py")
@@ -31,13 +31,22 @@ _RENAMED = {"tokenizer_special_tokens": "special_tokens", "tokenizer_metadata": 
 
 
 @dataclass
-class Asked:
-    """What the user's Megatron answered, and which of megacache's versions the build follows."""
+class Identity:
+    """The megatron-core version a build follows, and the tokenizer identity it hashes."""
 
-    megatron: str                       # the version that Megatron reports, e.g. 0.19.2
-    version: str                        # the supported version the build follows
+    version: str                        # a supported version
     identifiers: dict
-    note: str | None                    # for the user, when the table could not check the answer
+    megatron: str | None = None         # the version the Megatron asked reports, e.g. 0.19.2
+    note: str | None = None             # for the user, when the table could not check the answer
+
+
+def identity(given: dict, megatron_version: str | None = None, megatron_python: str | None = None) -> Identity:
+    """From the tokenizer flags ``given``: asked of the interpreter ``megatron_python`` (checked
+    against the table), else megacache's table for ``megatron_version`` (``versions.resolve``)."""
+    if megatron_python:
+        return asked_identifiers(megatron_python, given, megatron_version)
+    version = resolve(megatron_version)
+    return Identity(version, tokenizer_identifiers(megatron_version=version, **given))
 
 
 def attributes(version: str, given: dict) -> dict:
@@ -109,7 +118,7 @@ def _version_has(version: str, given: dict) -> bool:
     return True
 
 
-def asked_identifiers(python: str, given: dict, requested: str | None = None) -> Asked:
+def asked_identifiers(python: str, given: dict, requested: str | None = None) -> Identity:
     """The tokenizer identity of the Megatron ``python`` imports, checked against megacache's table
     where it knows that version; ``requested`` (``--megatron-version``) must name the same version."""
     answer = ask(python, [given])
@@ -137,9 +146,9 @@ def asked_identifiers(python: str, given: dict, requested: str | None = None) ->
         if minor < minor_of(newest):
             raise MegacacheError(f"--megatron-python {python} runs megatron-core {found}, older than the "
                                  f"versions megacache reproduces ({', '.join(SUPPORTED)})")
-        return Asked(found, newest, ids,
-                     f"megatron-core {found} is newer than megacache's table ({newest}): its own tokenizer "
-                     f"identity names the cache; the indices follow {newest}")
+        return Identity(newest, ids, found,
+                        f"megatron-core {found} is newer than megacache's table ({newest}): its own tokenizer "
+                        f"identity names the cache; the indices follow {newest}")
     table = tokenizer_identifiers(megatron_version=known, **given)
     problems = differences(ids, table)
     if problems:
@@ -149,7 +158,7 @@ def asked_identifiers(python: str, given: dict, requested: str | None = None) ->
             + "\n".join(f"  {p}" for p in problems)
             + "\nIf your Megatron is patched, pass its identity with --tokenizer-identifiers FILE.json; "
               "otherwise report this as a megacache bug")
-    return Asked(found, known, ids, None)
+    return Identity(known, ids, found)
 
 
 def differences(asked: dict, table: dict) -> list[str]:

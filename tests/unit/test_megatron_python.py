@@ -151,3 +151,20 @@ def test_flag_words():
                            tokenizer_hf_no_use_fast=True, trust_remote_code=False, tokenizer_model=None)) == [
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "7", "--tokenizer-special-tokens", "a", "b",
         "--tokenizer-hf-no-use-fast"]
+
+
+def test_a_configuration_from_megatron_flags(standin):
+    from megacache.builders.build import BuildConfig
+    from megacache.megatron.blends import Blend
+    from megacache.megatron.training import split_sizes
+
+    training = dict(train_iters=100, global_batch_size=4, eval_iters=2, eval_interval=10)
+    null = dict(tokenizer_type="NullTokenizer", vocab_size=1000, null_tokenizer_pad_id=-1)  # -1: the default
+    cfg = BuildConfig.from_megatron_flags(null, training, megatron_version="0.18", blend=Blend(("d",)), seq_length=8)
+    assert (cfg.megatron_version, cfg.sizes, cfg.tokenizer) == (
+        "0.18", split_sizes("0.18", **training), tokenizer_identifiers("NullTokenizer", "0.18", vocab_size=1000))
+    # the version comes once, from the Megatron asked, and the sizes follow it
+    standin("0.17.1", tokenizer_identifiers(megatron_version="0.17", **HF))
+    cfg = BuildConfig.from_megatron_flags(dict(HF, tokenizer_hf_no_use_fast=False), training,
+                                          megatron_python=sys.executable, blend=Blend(("d",)), seq_length=8)
+    assert (cfg.megatron_version, cfg.tokenizer) == ("0.17", tokenizer_identifiers(megatron_version="0.17", **HF))
