@@ -1,6 +1,21 @@
-"""``megacache`` command line. Every subcommand runs the same under ``mpiexec -n P``, ``srun`` or
-plainly; rank 0 prints. Exit codes: 0 success, 2 bad input or configuration (the message says
-what and where), 1 an unexpected failure."""
+"""megacache: Megatron's dataset files and index caches, byte for byte as megatron-core makes them,
+built by every rank of a job instead of by rank 0 alone while the GPUs wait.
+
+Every subcommand runs the same under mpiexec -n P, srun, or as one process; rank 0 prints.
+
+Exit status: 0 success; 2 bad input or configuration (the message names the flag, file or field);
+1 an unexpected failure (a bug: the traceback is printed); 3 (tokenize only) the output is complete
+and exact, but the fast tokenizer backend disagreed with its reference on some unit, which was redone.
+
+Environment:
+  MEGACACHE_COMM          mpi, torch or single: the communicator (default: a torch process group if
+                          one is initialised, else MPI under an MPI launcher, else one process)
+  MEGACACHE_KERNEL_DIR    where `megacache kernels` puts the compiled kernels and builds look for
+                          them (default ~/.cache/megacache/kernels); "jit" runs them through numba's JIT
+  MEGACACHE_HEARTBEAT_S   seconds between a job's heartbeats on the shared filesystem (default 5)
+  MEGACACHE_STALE_S       seconds without a heartbeat before a lock holder or a rank on another
+                          machine counts as dead (default 120)
+"""
 
 from __future__ import annotations
 
@@ -415,7 +430,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .megatron.tokenizer import TOKENIZER_FLAGS
     from .megatron.training import SIZE_FLAGS
 
-    parser = argparse.ArgumentParser(prog="megacache", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="megacache", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"megacache {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tokenize", help="tokenize text into Megatron .bin/.idx datasets")
@@ -545,6 +562,15 @@ def build_parser() -> argparse.ArgumentParser:
                                        "$XDG_CACHE_HOME/megacache/kernels, where builds look for them")
     p.set_defaults(func=_cmd_kernels)
     return parser
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("megacache")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def single_threaded_blas() -> None:
