@@ -208,11 +208,8 @@ def load_kernels() -> bool:
 def _build(args: argparse.Namespace, comm: Comm) -> None:
     from .kernels import library_dir
 
-    if not load_kernels() and comm.rank == 0 and library_dir() is not None and not args.dry_run:
-        print(f"megacache build: note: no kernels compiled for this CPU in {library_dir()}, so every rank "
-              "loads numba's JIT (about 0.35 s of CPU each); `megacache kernels` compiles them once",
-              file=sys.stderr, flush=True)
-    from .megatron.blends import blend_from_flags
+    compiled = load_kernels()
+    from .megatron.blends import blend_from_flags, check_prefixes_exist
     from .builders.build import BuildConfig, build
     from .megatron.flags import given_flags
     from .megatron.training import DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
@@ -224,6 +221,9 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
         raise MegacacheError("--dataloader-fast-cache-load and --data-path cannot be used together (megatron-core "
                              "asserts): give the data per split (--per-split-data-args-path or "
                              "--train/valid/test-data-path)")
+    # The most basic problem first: datasets that are not there (one process looks).
+    prefixes = [p for b in ([blend] if blend else [b for b in per_split if b]) for p in b.prefixes]
+    comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(prefixes)), "looking for the datasets")
     split = args.split if args.split is not None or per_split else DEFAULT_SPLIT
     version, tokenizer = _tokenizer_ids(args, comm)
     sizes = split_sizes(version, **given_flags(args, SIZE_FLAGS))
@@ -239,6 +239,10 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     if args.dry_run:
         _dry_run(cfg, comm, args.verbose, args.json)
         return
+    if not compiled and comm.rank == 0 and library_dir() is not None:
+        print(f"megacache build: note: no kernels compiled for this CPU in {library_dir()}, so every rank "
+              "loads numba's JIT (about 0.35 s of CPU each); `megacache kernels` compiles them once",
+              file=sys.stderr, flush=True)
     result = build(cfg, comm)
     if comm.rank != 0:
         return

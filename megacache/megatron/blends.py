@@ -159,8 +159,14 @@ def blend_from_flags(data_path: list[str] | None = None, data_args_path: str | N
 
 
 def check_prefixes_exist(prefixes) -> None:
-    """Every prefix's .idx and .bin are there (one message for all that are missing)."""
+    """Every prefix's .idx and .bin are there: the first missing file named, and how many more
+    prefixes lack theirs."""
     missing = [p for p in prefixes if not (os.path.isfile(p + ".idx") and os.path.isfile(p + ".bin"))]
     if missing:
-        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise MegacacheError(f"{len(missing)} dataset prefix(es) have no .idx/.bin: {shown}")
+        first = missing[0]
+        message = (f"{first}.idx: index file not found" if not os.path.isfile(first + ".idx") else
+                   f"{first}.bin: token file not found (its index {first}.idx exists)")
+        if len(missing) > 1:
+            shown = ", ".join(missing[1:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            message += f"; {len(missing) - 1} more dataset prefix(es) lack their .idx or .bin: {shown}"
+        raise MegacacheError(message + " (give each prefix as training gets it: the path without .idx/.bin)")

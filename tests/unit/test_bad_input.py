@@ -215,6 +215,13 @@ CASES = [
          "--data-path: prefix '{t}/good' is given twice (datasets 0 and 1)"),
     case("build-missing-prefix", lambda w: w.build("--data-path", "1", w.good, "1", f"{w.t}/nope"),
          "{t}/nope.idx: index file not found"),
+    # the most basic problem first, before the flags that size the splits
+    *(case(f"build-missing-prefix-before-{name}",
+           lambda w, flags=flags: ["build", "--data-path", f"{w.t}/nope", "--seq-length", "8", "--train-samples", "10",
+                                   *flags, "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
+                                   "--data-cache-path", f"{w.out}/cache"],
+           "{t}/nope.idx: index file not found")
+      for name, flags in (("batch-size", ["--eval-iters", "0"]), ("eval-flags", []))),
     case("build-mixed-token-dtypes", lambda w: w.build("--data-path", w.good, w.dataset("wide", np.int32)),
          "different token dtypes ({t}/good holds uint16, {t}/wide holds int32)", "tokenize them with one tokenizer"),
     case("build-data-args-path-missing", lambda w: w.build("--data-args-path", f"{w.t}/nope.txt"),
@@ -230,13 +237,13 @@ CASES = [
          "{t}/split.json: 'train' must be a list of strings or one string, got 5"),
     # --- Megatron versions ----------------------------------------------------------------------
     case("build-unknown-megatron-version", lambda w: w.build("--data-path", w.good, "--megatron-version", "0.15"),
-         "--megatron-version 0.15: megacache reproduces megatron-core 0.16, 0.17, 0.18, 0.19 (patch versions "
-         "accepted, e.g. 0.19.2)"),
+         "--megatron-version 0.15: megacache reproduces megatron-core 0.16, 0.17, 0.18, 0.19, 0.20 (Megatron-LM "
+         "main, package 0.20.0, not yet released); patch versions accepted, e.g. 0.19.2"),
     case("build-megatron-version-not-a-version", lambda w: w.build("--data-path", w.good, "--megatron-version", "latest"),
          "--megatron-version latest: megacache reproduces megatron-core 0.16, 0.17, 0.18, 0.19"),
     case("build-flag-newer-than-version",
          lambda w: w.build("--data-path", w.good, "--megatron-version", "0.17", "--null-tokenizer-pad-id", "3"),
-         "--null-tokenizer-pad-id does not exist in Megatron-LM 0.17 (it exists in 0.18 to 0.19)",
+         "--null-tokenizer-pad-id does not exist in Megatron-LM 0.17 (it exists in 0.18 to 0.20)",
          "--megatron-version to match it"),
     case("build-flag-removed-in-version",
          lambda w: w.build("--data-path", w.good, "--megatron-version", "0.19.2", "--tokenizer-type",
@@ -248,14 +255,18 @@ CASES = [
     case("build-flag-checked-with-given-identity",
          lambda w: w.build("--data-path", w.good, "--megatron-version", "0.16", "--chat-template", "x",
                            "--tokenizer-identifiers", w.file("ids.json", '{"class": "X"}')),
-         "--chat-template does not exist in Megatron-LM 0.16 (it exists in 0.18 to 0.19)"),
+         "--chat-template does not exist in Megatron-LM 0.16 (it exists in 0.18 to 0.20)"),
     case("build-fast-cache-load-with-data-path",
          lambda w: w.build("--data-path", w.good, "--dataloader-fast-cache-load"),
          "--dataloader-fast-cache-load and --data-path cannot be used together (megatron-core asserts)"),
     case("verify-unknown-megatron-version", lambda w: ["verify", w.good, "--megatron-version", "1.0"],
          "--megatron-version 1.0: megacache reproduces megatron-core 0.16, 0.17, 0.18, 0.19"),
-    case("inspect-unknown-megatron-version", lambda w: ["inspect", w.good, "--megatron-version", "0.20"],
-         "--megatron-version 0.20: megacache reproduces megatron-core"),
+    case("inspect-unknown-megatron-version", lambda w: ["inspect", w.good, "--megatron-version", "0.21"],
+         "--megatron-version 0.21: megacache reproduces megatron-core"),
+    case("build-flag-of-megatron-main-only",
+         lambda w: w.build("--data-path", w.good, "--megatron-version", "0.19", "--tokenizer-type",
+                           "HuggingFaceTokenizer", "--tokenizer-model", "hf", "--use-gigatoken"),
+         "--use-gigatoken does not exist in Megatron-LM 0.19 (it exists in 0.20)"),
     # --- sizes and split ------------------------------------------------------------------------
     case("build-seq-length-zero", lambda w: w.build("--data-path", w.good, "--seq-length", "0"),
          "--seq-length must be a positive integer, got 0"),
@@ -399,15 +410,16 @@ def test_installed_megatron_newer_than_supported_needs_a_version(tmp_path):
     site = tmp_path / "site"
     (site / "megatron" / "core").mkdir(parents=True)
     (site / "megatron" / "core" / "package_info.py").write_text(
-        'MAJOR = 0\nMINOR = 20\nPATCH = 0\nPRE_RELEASE = ""\nVERSION = (MAJOR, MINOR, PATCH, PRE_RELEASE)\n')
+        'MAJOR = 0\nMINOR = 21\nPATCH = 0\nPRE_RELEASE = ""\nVERSION = (MAJOR, MINOR, PATCH, PRE_RELEASE)\n')
     w = Work(tmp_path / "w")
     env = dict(os.environ, PYTHONPATH=str(site), PYTHONWARNINGS="ignore")
     for argv in (w.build("--data-path", w.good), ["verify", f"{w.out}/cache"], ["inspect", w.good]):
         proc = subprocess.run([sys.executable, "-m", "megacache.cli", *argv], capture_output=True, text=True, env=env,
                               timeout=300)
         assert proc.returncode == 2, proc.stderr
-        assert ("megatron-core 0.20.0 is installed, newer than the versions megacache reproduces (0.16, 0.17, 0.18, "
-                "0.19): its cache names may differ. Pass --megatron-version") in proc.stderr, proc.stderr
+        assert ("megatron-core 0.21.0 is installed, newer than the versions megacache reproduces (0.16, 0.17, 0.18, "
+                "0.19, 0.20 (Megatron-LM main, package 0.20.0, not yet released)): its cache names may differ. Pass "
+                "--megatron-version") in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
     assert not os.path.exists(f"{w.out}/cache")
     proc = subprocess.run([sys.executable, "-m", "megacache.cli", *w.build("--data-path", w.good, "--megatron-version",
