@@ -27,7 +27,7 @@ import sys
 import traceback
 
 from .comm import Comm, get_comm
-from .errors import MegacacheError
+from .errors import JobCrashed, MegacacheError
 
 _SIZE_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -597,6 +597,12 @@ def main(argv: list[str] | None = None) -> int:
         if comm.rank == 0:
             print(f"megacache {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except JobCrashed as exc:
+        # A bug on some rank, agreed by all: rank 0 prints the failed ranks' tracebacks.
+        if comm.rank == 0:
+            print(f"megacache {args.command}: unexpected failure, a bug in megacache (please report it "
+                  f"with this output): {exc}", file=sys.stderr, flush=True)
+        return 1
     except BaseException:
         # Unexpected and possibly on this rank alone: report it and take the whole job down rather
         # than leave the other ranks waiting in a collective.

@@ -13,11 +13,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
-from .errors import JobFailed
+from .errors import JobCrashed, JobFailed, is_bug
 
 # Environment variables that launchers set in every rank they start.
 _MPI_LAUNCHER_VARS = (
@@ -69,23 +70,25 @@ class Comm:
 
         Every rank calls this with its own error (or None). If any rank failed, every rank raises
         the same ``JobFailed`` naming the failed ranks and the phase, so the job stops together
-        instead of leaving healthy ranks waiting at the next collective.
+        instead of leaving healthy ranks waiting at the next collective; or, when some rank's error
+        was a bug (``is_bug``), the same ``JobCrashed`` carrying its traceback.
         """
-        message = None if error is None else str(error)
+        message, bug = _described(error)
         self.wait_quietly()
-        gathered = self.allgather((phase, message))
-        phases = {p for p, _ in gathered}
+        gathered = self.allgather((phase, message, bug))
+        phases = {p for p, _, _ in gathered}
         if len(phases) > 1:
             # Ranks are at different collectives: a bug that would otherwise pair wrong calls silently.
             raise RuntimeError(f"ranks disagree on the phase ({sorted(phases)}); the job is out of step")
-        failed = [(r, m) for r, (_, m) in enumerate(gathered) if m is not None]
+        failed = [(r, m) for r, (_, m, _) in enumerate(gathered) if m is not None]
         if failed:
-            raise JobFailed(phase, failed)
+            raise (JobCrashed if any(b for _, _, b in gathered) else JobFailed)(phase, failed)
 
     @contextmanager
     def agreed(self, phase: str) -> Iterator[None]:
         """The body's outcome agreed by every rank at its end (``check``): a rank whose body raised
-        takes part in the agreement, and every rank then raises the same ``JobFailed``.
+        takes part in the agreement, and every rank then raises the same ``JobFailed`` (or
+        ``JobCrashed``, for a bug).
 
             with comm.agreed("opening the datasets"):
                 datasets = open_all(...)
@@ -110,15 +113,26 @@ class Comm:
             except Exception as exc:  # re-raised on every rank below
                 error = exc
         self.wait_quietly()
-        ok, payload = self.bcast((error is None, result if error is None else str(error)), root=root)
+        message, bug = _described(error)
+        ok, payload, bug = self.bcast((error is None, result if error is None else message, bug), root=root)
         if not ok:
             if error is not None:
                 raise error
-            raise JobFailed(phase, [(root, payload)])
+            raise (JobCrashed if bug else JobFailed)(phase, [(root, payload)])
         return payload
 
     def is_root(self) -> bool:
         return self.rank == 0
+
+
+def _described(error: BaseException | str | None) -> tuple[str | None, bool]:
+    """What the other ranks learn of an error: its message (a bug's whole traceback), and whether it
+    is a bug."""
+    if error is None or isinstance(error, str):
+        return error, False
+    if is_bug(error):
+        return "".join(traceback.format_exception(error)).rstrip(), True
+    return str(error), False
 
 
 class SingleComm(Comm):

@@ -23,8 +23,8 @@ class CacheNotBuilt(MegacacheError):
     """An entry a configuration needs is not in the cache directory."""
 
 
-class JobFailed(MegacacheError):
-    """One or more ranks failed in a phase; every rank raises this together."""
+class _PhaseFailures:
+    """Ranks that failed in a phase, each with its message, said once per distinct message."""
 
     def __init__(self, phase: str, failures: list[tuple[int, str]]):
         self.phase, self.failures = phase, failures
@@ -38,3 +38,19 @@ class JobFailed(MegacacheError):
                 seen.add(message)
                 lines.append(f"  rank {rank}: {message}")
         super().__init__("\n".join(lines))
+
+
+class JobFailed(_PhaseFailures, MegacacheError):
+    """One or more ranks failed in a phase on the input, the configuration or the system (a
+    ``MegacacheError``, an ``OSError``); every rank raises this together."""
+
+
+class JobCrashed(_PhaseFailures, RuntimeError):
+    """One or more ranks hit an unexpected error (a bug) in a phase; every rank raises this together,
+    the failed ranks' tracebacks in its message. Not a ``MegacacheError``: a bug is never reported
+    as the user's mistake."""
+
+
+def is_bug(error: BaseException) -> bool:
+    """Whether an exception is megacache's own fault rather than the input's or the system's."""
+    return not isinstance(error, (MegacacheError, OSError))

@@ -2,6 +2,7 @@
 out of it (its status, output and exit handlers are a normal exit's), and a build runs without it."""
 
 import gc
+import os
 import subprocess
 import sys
 
@@ -76,3 +77,31 @@ def test_version_and_the_whole_description():
     for variable in ("MEGACACHE_COMM", "MEGACACHE_KERNEL_DIR", "MEGACACHE_HEARTBEAT_S", "MEGACACHE_STALE_S"):
         assert f"\n  {variable} " in described
     assert "Exit status: 0 success; 2 bad input" in described and "``" not in described
+
+
+BUGGY = """
+import os, sys
+from megacache import cli
+from megacache.builders import gpt
+
+def publish(self):
+    if os.environ.get("PMI_RANK", "0") == "1":
+        1 / 0
+gpt.GPTBuild.publish = publish
+sys.argv = ["megacache", *sys.argv[1:]]
+cli.run()
+"""
+
+
+def test_a_bug_inside_an_agreed_phase_exits_1_with_its_traceback(tmp_path):
+    write_lengths(str(tmp_path / "d"), [30] * 200)
+    done = subprocess.run(
+        ["mpiexec", "-n", "2", sys.executable, "-c", BUGGY, "build", "--data-path", str(tmp_path / "d"),
+         "--seq-length", "8", "--train-samples", "100", "--global-batch-size", "4", "--eval-iters", "1",
+         "--eval-interval", "10", "--split", "90,5,5", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",
+         "--data-cache-path", str(tmp_path / "cache")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "megacache build: unexpected failure, a bug in megacache" in done.stderr
+    assert "during publishing the GPTDataset caches:\n  rank 1: Traceback" in done.stderr
+    assert "ZeroDivisionError: division by zero" in done.stderr
+    assert not [n for n in os.listdir(tmp_path / "cache") if n.endswith("description.txt")]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from megacache.comm import SingleComm, get_comm, launched_under_mpi
-from megacache.errors import JobFailed
+from megacache.errors import JobCrashed, JobFailed, MegacacheError
 
 
 def test_single_process_collectives():
@@ -14,10 +14,17 @@ def test_single_process_collectives():
     assert comm.exscan(7) == 0
     assert comm.allreduce(3) == 3
     with pytest.raises(JobFailed, match="rank 0: boom"):
-        comm.check(ValueError("boom"), "testing")
+        comm.check(OSError("boom"), "testing")
     with pytest.raises(JobFailed, match="during agreeing:\n  rank 0: bang"):
         with comm.agreed("agreeing"):
+            raise MegacacheError("bang")
+    # a bug stays a bug: not the user's error, its traceback carried along
+    with pytest.raises(JobCrashed, match="(?s)during agreeing:\n  rank 0: Traceback .*ValueError: bang") as caught:
+        with comm.agreed("agreeing"):
             raise ValueError("bang")
+    assert not isinstance(caught.value, MegacacheError)
+    with pytest.raises(KeyError):  # the root re-raises its own error as it was
+        comm.on_root(lambda: {}["x"], "looking up")
 
 
 def test_launcher_detection():
@@ -44,8 +51,11 @@ def test_mpi_collectives():
 def test_mpi_failure_on_one_rank_stops_every_rank():
     comm = get_comm()
     with pytest.raises(JobFailed) as exc:
-        comm.check(RuntimeError("disk full") if comm.rank == 1 else None, "writing")
+        comm.check(OSError("disk full") if comm.rank == 1 else None, "writing")
     assert "rank 1: disk full" in str(exc.value) and "during writing" in str(exc.value)
+    with pytest.raises(JobCrashed) as exc:
+        comm.check(RuntimeError("a bug") if comm.rank == 1 else None, "writing")
+    assert "rank 1: RuntimeError: a bug" in str(exc.value)  # never raised, so no frames to show
 
 
 @pytest.mark.mpi(min_size=2)
@@ -56,8 +66,12 @@ def test_mpi_on_root_shares_result_and_error():
     def fail():
         raise FileNotFoundError("no inputs match 'x*'")
 
-    with pytest.raises(Exception, match="no inputs match"):
+    with pytest.raises(Exception, match="no inputs match") as exc:
         comm.on_root(fail, "planning")
+    assert isinstance(exc.value, FileNotFoundError if comm.rank == 0 else JobFailed)
+    with pytest.raises(Exception) as exc:
+        comm.on_root(lambda: 1 / 0, "planning")
+    assert isinstance(exc.value, ZeroDivisionError if comm.rank == 0 else JobCrashed)
 
 
 @pytest.mark.mpi(min_size=2)
