@@ -247,9 +247,11 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     if comm.rank != 0:
         return
     prefixes = list(dict.fromkeys(j.data_path for j in result.gpt))
-    built = sum(not j.reused for j in result.gpt) + sum(not b.reused for b in result.blends)
+    reused = sum(j.reused for j in result.gpt) + sum(b.reused for b in result.blends)
+    built = len(result.gpt) + len(result.blends) - reused
     print(f"megacache build: {len(prefixes)} dataset(s), {len(result.gpt)} GPTDataset and {len(result.blends)} "
-          f"BlendedDataset cache entries ({built} built, the rest reused) for megatron-core {result.megatron_version} "
+          f"BlendedDataset cache entries ({built} built, {reused} already there) for megatron-core "
+          f"{result.megatron_version} "
           f"in {result.seconds:.1f} s on {result.ranks} rank(s)", flush=True)
     detailed = args.verbose or len(prefixes) <= 8
     for prefix in prefixes if detailed else []:
@@ -368,6 +370,8 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     if failed:
         shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
         raise MegacacheError(f"{len(failed)} of {checked} dataset(s) or cache entries failed verification: {shown}")
+    if comm.rank == 0:
+        print(f"megacache verify: all {checked} dataset(s) and cache entries passed", flush=True)
 
 
 def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:

@@ -256,7 +256,8 @@ def test_cli_verifies_cache_directories(blend_cache):
     _, blend, cache, title = blend_cache
     ok = run_megacache(1, "verify", cache)
     lines = ok.stdout.splitlines()
-    assert len(lines) == 9 and all(line.startswith("ok   ") for line in lines)
+    assert len(lines) == 10 and all(line.startswith("ok   ") for line in lines[:9])
+    assert lines[9] == "megacache verify: all 9 dataset(s) and cache entries passed"
     assert f"ok   {title}: {blend.size:,} samples from 2 datasets" in ok.stdout
     path = blend.entry.path("dataset_sample_index.npy")
     resave(path, np.load(path).astype(np.int32))
