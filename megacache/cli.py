@@ -589,8 +589,11 @@ def single_threaded_blas() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .log import show_on_stderr
+
     single_threaded_blas()
     args = build_parser().parse_args(argv)
+    show_on_stderr()
     if argv is None and args.command == "tokenize":
         hide_torch_from_transformers()
     comm = get_comm()

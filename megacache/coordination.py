@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 
 from .errors import JobFailed, MegacacheError
 from .fsio import STATE_DIR, TMP_MARK, remove_quietly, write_json_atomic
+from .log import LOG
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -292,8 +292,8 @@ class Monitor:
         return dead
 
     def _stop(self, why: str) -> None:
-        print(f"megacache: rank {self.rank}: {why}; stopping the whole job. Rerun it: finished work is kept, "
-              f"partial files are removed.", file=sys.stderr, flush=True)
+        LOG.error(f"megacache: rank {self.rank}: {why}; stopping the whole job. Rerun it: finished work is kept, "
+                  f"partial files are removed.")
         self._abort()
 
     def close(self) -> None:
@@ -368,7 +368,7 @@ class Guard:
 
 
 def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
+    LOG.warning(message)
 
 
 def _clear(directory: str, key: str, job: str, temporaries: tuple[str, ...]) -> None:

@@ -21,7 +21,6 @@ Order of work, chosen so that nothing is wasted and nothing partial is visible:
 from __future__ import annotations
 
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from ..algorithms.splits import split_matrix
 from ..comm import Comm, get_comm
 from ..coordination import ALL, guarded, tidy
 from ..errors import MegacacheError
+from ..log import LOG
 from ..formats.npy import read_npy_header
 from ..fsio import write_atomic
 from ..megatron.blends import Blend
@@ -100,7 +100,7 @@ class BuildConfig:
 
         found = identity(without_defaults(TOKENIZER_FLAGS, tokenizer), megatron_version, megatron_python)
         if found.note:
-            print(f"megacache: note: {found.note}", file=sys.stderr, flush=True)
+            LOG.warning(f"megacache: note: {found.note}")
         return cls(sizes=split_sizes(found.version, **training), tokenizer=found.identifiers,
                    megatron_version=found.version, **fields)
 

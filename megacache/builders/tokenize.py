@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -29,6 +28,7 @@ import numpy as np
 from ..backends import DEFAULT_VERIFY_FRACTION, Disagreement, SampleCheck, select_backend
 from ..comm import Comm, get_comm
 from ..errors import MegacacheError
+from ..log import LOG
 from ..formats.indexed import optimal_dtype
 from ..formats.pbin import SUFFIX as PBIN_SUFFIX, TOKEN_DTYPES, token_size
 from ..fsio import publish, read_json, remove_quietly, remove_tree, tmp_path, write_json_atomic, writing
@@ -211,8 +211,8 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
                 f"--strict-backend: {tok.backend} disagrees with {tok.reference.backend} on {where}; "
                 "nothing was written. Rerun with --tokenizer-backend hf (and please report the document)"
             ) from None
-        print(f"megacache tokenize: warning: {tok.backend} disagrees with {tok.reference.backend} on "
-              f"{where}; that unit is tokenized again with {tok.reference.backend}", file=sys.stderr, flush=True)
+        LOG.warning(f"megacache tokenize: warning: {tok.backend} disagrees with {tok.reference.backend} on "
+                    f"{where}; that unit is tokenized again with {tok.reference.backend}")
         record = {"backend": tok.reference.backend, "disagreement": where}
         record.update(_write_unit(cfg, unit, tok.reference, dtype, progress, tag))
     return record
@@ -375,7 +375,7 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
     mine = [u for u in units if owner[u.index] == comm.rank]
     todo_bytes = sum(u.size for u in units if u.index not in reused)
     if comm.rank == 0 and reused:
-        print(f"megacache tokenize: resuming: {len(reused)} of {len(units)} units already done", flush=True)
+        LOG.info(f"megacache tokenize: resuming: {len(reused)} of {len(units)} units already done")
 
     progress = Progress(os.path.join(cfg.work_dir, "progress"), comm.rank, comm.size, todo_bytes,
                         "tokenize", interval_s=cfg.progress_interval_s)

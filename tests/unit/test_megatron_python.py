@@ -168,3 +168,24 @@ def test_a_configuration_from_megatron_flags(standin):
     cfg = BuildConfig.from_megatron_flags(dict(HF, tokenizer_hf_no_use_fast=False), training,
                                           megatron_python=sys.executable, blend=Blend(("d",)), seq_length=8)
     assert (cfg.megatron_version, cfg.tokenizer) == ("0.17", tokenizer_identifiers(megatron_version="0.17", **HF))
+
+
+def test_library_notes_go_to_the_megacache_logger(standin, caplog, capsys):
+    import logging
+
+    from megacache.builders.build import BuildConfig
+    from megacache.megatron.blends import Blend
+
+    standin("0.99.0", {"class": "C", "tokenizer_path": "p"})
+    training = dict(train_samples=100, global_batch_size=4, eval_iters=0, eval_interval=10)
+    with caplog.at_level(logging.WARNING, logger="megacache"):
+        BuildConfig.from_megatron_flags(HF, training, megatron_python=sys.executable, blend=Blend(("d",)), seq_length=8)
+    assert [r.name for r in caplog.records] == ["megacache"]
+    assert "megatron-core 0.99.0 is newer than megacache's table" in caplog.records[0].getMessage()
+    # an embedding program silences it as any logger
+    logging.getLogger("megacache").setLevel(logging.ERROR)
+    try:
+        BuildConfig.from_megatron_flags(HF, training, megatron_python=sys.executable, blend=Blend(("d",)), seq_length=8)
+    finally:
+        logging.getLogger("megacache").setLevel(logging.NOTSET)
+    assert "newer than" not in capsys.readouterr().err
