@@ -66,11 +66,12 @@ def warm_up(name: str) -> None:
     while a checkout run where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) would
     compile megacache's and this package's sources in every process, 40 ms or more of each rank's
     start. ``MEGACACHE_KERNEL_DIR=jit`` measures megacache without the compiled kernels."""
-    from megacache.kernels import compile_library, compiled_library, library_dir
+    from megacache.environment import kernel_dir
+    from megacache.kernels import compile_library, compiled_library
 
     from .workloads import SUITES
 
-    if library_dir() is not None and compiled_library() is None:
+    if kernel_dir() is not None and compiled_library() is None:
         compile_library()
     for package in ("megacache", "benchmarks"):
         compileall.compile_dir(os.path.join(ROOT, package), quiet=1)

@@ -7,14 +7,6 @@ Exit status: 0 success; 2 bad input or configuration (the message names the flag
 1 an unexpected failure (a bug: the traceback is printed); 3 (tokenize only) the output is complete
 and exact, but the fast tokenizer backend disagreed with its reference on some unit, which was redone.
 
-Environment:
-  MEGACACHE_COMM          mpi, torch or single: the communicator (default: a torch process group if
-                          one is initialised, else MPI under an MPI launcher, else one process)
-  MEGACACHE_KERNEL_DIR    where `megacache kernels` puts the compiled kernels and builds look for
-                          them (default ~/.cache/megacache/kernels); "jit" runs them through numba's JIT
-  MEGACACHE_HEARTBEAT_S   seconds between a job's heartbeats on the shared filesystem (default 5)
-  MEGACACHE_STALE_S       seconds without a heartbeat before a lock holder or a rank on another
-                          machine counts as dead (default 120)
 """
 
 from __future__ import annotations
@@ -24,6 +16,7 @@ import gc
 import os
 import re
 import sys
+import textwrap
 import traceback
 
 from .comm import Comm, get_comm
@@ -206,7 +199,7 @@ def load_kernels() -> bool:
 
 
 def _build(args: argparse.Namespace, comm: Comm) -> None:
-    from .kernels import library_dir
+    from .environment import kernel_dir
 
     compiled = load_kernels()
     from .megatron.blends import blend_from_flags, check_prefixes_exist
@@ -239,8 +232,8 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     if args.dry_run:
         _dry_run(cfg, comm, args.verbose, args.json)
         return
-    if not compiled and comm.rank == 0 and library_dir() is not None:
-        print(f"megacache build: note: no kernels compiled for this CPU in {library_dir()}, so every rank "
+    if not compiled and comm.rank == 0 and kernel_dir() is not None:
+        print(f"megacache build: note: no kernels compiled for this CPU in {kernel_dir()}, so every rank "
               "loads numba's JIT (about 0.35 s of CPU each); `megacache kernels` compiles them once",
               file=sys.stderr, flush=True)
     result = build(cfg, comm)
@@ -438,7 +431,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .megatron.tokenizer import TOKENIZER_FLAGS
     from .megatron.training import SIZE_FLAGS
 
-    parser = argparse.ArgumentParser(prog="megacache", description=__doc__,
+    from .environment import VARIABLES
+
+    width = max(map(len, VARIABLES)) + 2
+    described = "\n".join(textwrap.fill(text, 100, initial_indent=f"  {name:<{width}}",
+                                        subsequent_indent=" " * (width + 2)) for name, text in VARIABLES.items())
+    parser = argparse.ArgumentParser(prog="megacache", description=f"{__doc__}\nEnvironment:\n{described}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"megacache {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
+from .environment import comm_kind
 from .errors import JobCrashed, JobFailed, is_bug
 
 # Environment variables that launchers set in every rank they start.
@@ -227,7 +228,7 @@ def get_comm(kind: str | None = None) -> Comm:
     ``kind`` (or ``$MEGACACHE_COMM``) forces one of ``mpi``, ``torch``, ``single``; otherwise an
     initialised torch process group wins, then an MPI launcher's environment, then a single process.
     """
-    kind = kind or os.environ.get("MEGACACHE_COMM") or None
+    kind = kind or comm_kind()
     if kind is None:
         torch = sys.modules.get("torch")
         if torch is not None and torch.distributed.is_available() and torch.distributed.is_initialized():

@@ -32,33 +32,12 @@ from dataclasses import dataclass
 
 from .errors import JobFailed, MegacacheError
 from .fsio import STATE_DIR, TMP_MARK, remove_quietly, write_json_atomic
+from .environment import heartbeat_s, stale_s
 from .log import LOG
-
-
-def _env_seconds(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise MegacacheError(f"${name}={value!r}: expected a number of seconds") from None
-    if not seconds > 0:
-        raise MegacacheError(f"${name}={value!r}: expected a positive number of seconds")
-    return seconds
 
 
 #: ``temporaries`` for a lock that covers its whole directory (a cache directory)
 ALL = ("",)
-
-
-def heartbeat_s() -> float:
-    return _env_seconds("MEGACACHE_HEARTBEAT_S", 5.0)
-
-
-def stale_s() -> float:
-    """How long without a heartbeat before a holder or rank on another machine counts as dead."""
-    return _env_seconds("MEGACACHE_STALE_S", 120.0)
 
 
 def _boot_id() -> str:

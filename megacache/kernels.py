@@ -36,6 +36,7 @@ import warnings
 
 import numpy as np
 
+from .environment import kernel_dir
 from .errors import MegacacheError
 
 #: every module that declares kernels: compiled together, and hashed into the library's name
@@ -45,7 +46,6 @@ MODULES = (
     "megacache.algorithms.permutation",
     "megacache.formats.pickled_pairs",
 )
-_ENV = "MEGACACHE_KERNEL_DIR"
 _PREFIX = "megacache_kernels_"
 
 _lock = threading.RLock()
@@ -281,17 +281,6 @@ def _digest() -> str:
     return h.hexdigest()[:20]
 
 
-def library_dir() -> str | None:
-    """Where the native library is looked for; None when ``MEGACACHE_KERNEL_DIR=jit``."""
-    d = os.environ.get(_ENV)
-    if d == "jit":
-        return None
-    if d:
-        return os.path.abspath(d)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "megacache", "kernels")
-
-
 def library_path(directory: str) -> str:
     return os.path.join(directory, _PREFIX + _digest() + sysconfig.get_config_var("EXT_SUFFIX"))
 
@@ -307,7 +296,7 @@ def native_library():
 def compiled_library() -> str | None:
     """The path of this machine's library where it is compiled already; None where it is not yet,
     or under ``MEGACACHE_KERNEL_DIR=jit``."""
-    directory = library_dir()
+    directory = kernel_dir()
     if directory is None:
         return None
     path = library_path(directory)
@@ -364,13 +353,13 @@ def _releasing_the_gil():
 
 def compile_library(directory: str | None = None) -> str:
     """Compile every kernel's declared signatures for this CPU into the library (a C compiler is
-    needed to link it) and publish it atomically in ``directory`` (default ``library_dir()``).
+    needed to link it) and publish it atomically in ``directory`` (default ``kernel_dir()``).
     Returns its path. Running it again, or on many ranks at once, is harmless."""
     from . import fsio
 
-    directory = directory or library_dir()
+    directory = directory or kernel_dir()
     if directory is None:
-        raise MegacacheError(f"{_ENV}=jit: there is no kernel directory to compile into; unset it or name one")
+        raise MegacacheError("MEGACACHE_KERNEL_DIR=jit: there is no kernel directory to compile into; unset it or name one")
     for name in MODULES:
         importlib.import_module(name)
     with warnings.catch_warnings():
@@ -400,7 +389,7 @@ def compile_library(directory: str | None = None) -> str:
         os.makedirs(directory, exist_ok=True)
     except OSError as exc:
         raise MegacacheError(f"{directory}: cannot create the kernel directory ({exc.strerror}); "
-                             f"set {_ENV} to a writable directory") from None
+                             f"set MEGACACHE_KERNEL_DIR to a writable directory") from None
     with tempfile.TemporaryDirectory(prefix=".megacache-kernels-", dir=directory) as work:
         cc.output_dir = work
         try:

@@ -19,4 +19,3 @@ def show_on_stderr() -> None:
         handler.megacache = True
         LOG.addHandler(handler)
     LOG.setLevel(logging.INFO)
-    LOG.propagate = False

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from megacache import kernels
+from megacache.environment import kernel_dir
 from megacache.errors import MegacacheError
 from megacache.formats import pickled_pairs as pp
 from support.oracle import write_lengths
@@ -107,7 +108,7 @@ def test_jit_only(monkeypatch):
     monkeypatch.setenv("MEGACACHE_KERNEL_DIR", "jit")
     kernels.forget_library()
     try:
-        assert kernels.library_dir() is None and kernels.native_library() is None
+        assert kernel_dir() is None and kernels.native_library() is None
         with pytest.raises(MegacacheError, match="MEGACACHE_KERNEL_DIR=jit: there is no kernel directory"):
             kernels.compile_library()
     finally:
@@ -148,13 +149,13 @@ def test_builds_with_the_compiled_library_never_import_numba(tmp_path):
         write_lengths(prefixes[-1], np.random.default_rng(i).integers(0, 300, 2000))
     data_path = " ".join(f"{w} {p}" for w, p in zip((0.5, 0.3, 0.2), prefixes))
     outputs = {}
-    for mode, kernel_dir in (("native", str(directory)), ("jit", "jit"), ("missing", str(tmp_path / "none"))):
+    for mode, setting in (("native", str(directory)), ("jit", "jit"), ("missing", str(tmp_path / "none"))):
         cache = tmp_path / f"cache-{mode}"
         run = subprocess.run([sys.executable, "-c", BUILD, "build", "--data-path", *data_path.split(), "--split",
                               "90,8,2", "--seq-length", "64", "--train-samples", "3000", "--global-batch-size", "1",
                               "--eval-iters", "20", "--eval-interval", "100", "--tokenizer-type", "NullTokenizer",
                               "--vocab-size", "1000", "--data-cache-path", str(cache)],
-                             env={**os.environ, "MEGACACHE_KERNEL_DIR": kernel_dir}, capture_output=True, text=True,
+                             env={**os.environ, "MEGACACHE_KERNEL_DIR": setting}, capture_output=True, text=True,
                              timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
         assert run.stdout.endswith(f"numba imported: {mode != 'native'}\n")

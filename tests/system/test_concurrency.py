@@ -18,7 +18,8 @@ from support.corpus import free_port
 from megacache.builders.build import BuildConfig, build
 from megacache.comm import SingleComm
 from megacache.errors import MegacacheError
-from megacache.coordination import Lock, Monitor, guarded, post_mortem, stale_s, this_process
+from megacache.coordination import Lock, Monitor, guarded, post_mortem, this_process
+from megacache.environment import stale_s
 from support.oracle import write_lengths
 from support.sweeps import NULL_TOKENIZER, cache_files
 from support.sweeps import build_args, build_sizes
