@@ -36,10 +36,6 @@ BACKENDS = ("auto", "gigatoken", "hf")
 #: documents of every 64 MB work unit.
 DEFAULT_VERIFY_FRACTION = 0.0005
 
-#: Test hook: gigatoken's ids for any document containing this text are made wrong (first id + 1),
-#: so that tests can show the guard at work on a real run. Never set it otherwise.
-FAULT_ENV = "MEGACACHE_TEST_GIGATOKEN_FAULT"
-
 #: What the self-test encodes with both backends, besides the tokenizer's own added tokens.
 SELF_TEST_TEXTS = (
     "",
@@ -75,7 +71,6 @@ class GigatokenTokenizer(Tokenizer):
         self.eod = reference.eod
         self._engine = engine
         self._parallel = parallel
-        self._fault = os.environ.get(FAULT_ENV) or None
 
     def encode_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         try:
@@ -91,17 +86,7 @@ class GigatokenTokenizer(Tokenizer):
         ids = np.asarray(encoded.layout.content.data)[offsets[0]:offsets[-1]]
         if self._id_map is not None:
             ids = self._id_map(ids)
-        if self._fault is not None:
-            ids = _inject_fault(texts, ids, lengths, self._fault)
         return ids, lengths
-
-
-def _inject_fault(texts, ids, lengths, marker):
-    hit = np.fromiter((marker in t for t in texts), bool, len(texts)) & (lengths > 0)
-    if hit.any():
-        ids = ids.astype(np.int64)
-        ids[(np.cumsum(lengths) - lengths)[hit]] += 1
-    return ids
 
 
 def select_backend(reference: Tokenizer, backend: str, threads: int, strict: bool) -> tuple[Tokenizer, str]:

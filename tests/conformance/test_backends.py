@@ -1,19 +1,21 @@
 """Tokenizer backends: gigatoken runs where it is exact, and the guard catches it where it is not.
 
-A wrong gigatoken is made with the test hook ``backends.FAULT_ENV``: gigatoken's first id of every
-document holding the marker text is made wrong, in a real mpiexec run."""
+A wrong gigatoken is made by tests/support/faulty_gigatoken.py, which runs the megacache command with
+gigatoken's first id of every document holding the marker text made wrong, in a real mpiexec run."""
 
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
 
-from megacache.backends import DEFAULT_VERIFY_FRACTION, FAULT_ENV, SELF_TEST_TEXTS, sampled
-from support.corpus import documents, file_bytes, run_megacache, train_bpe, write_input
+from megacache.backends import DEFAULT_VERIFY_FRACTION, SELF_TEST_TEXTS, sampled
+from support.corpus import MEGACACHE, documents, file_bytes, run_megacache, train_bpe, write_input
 
 MARKER = "zqxv-marker"
+FAULTY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "faulty_gigatoken.py")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def _corpus(tmp_path, marked: list[int] = ()) -> list[str]:
 def _tokenize(tmp_path, tokenizer, name, *args, ranks=2, fault=None, check=True):
     return run_megacache(ranks, "tokenize", "--input", str(tmp_path / "in"), "--output-prefix",
                          str(tmp_path / name), "--tokenizer", tokenizer, "--append-eod", *args, check=check,
-                         env={FAULT_ENV: fault} if fault else None)
+                         program=(sys.executable, FAULTY, fault) if fault else MEGACACHE)
 
 
 def test_auto_runs_gigatoken_and_writes_the_hf_backends_bytes(tmp_path, bpe):

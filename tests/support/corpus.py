@@ -78,14 +78,22 @@ def file_bytes(prefix: str) -> tuple[bytes, bytes]:
         return b.read(), i.read()
 
 
-def megacache_cmd(ranks: int, *args: str) -> list[str]:
-    base = [sys.executable, "-m", "megacache", *args]
+#: how a test runs the megacache command
+MEGACACHE = (sys.executable, "-m", "megacache")
+
+
+def megacache_cmd(ranks: int, *args: str, program=MEGACACHE) -> list[str]:
+    base = [*program, *args]
     return base if ranks == 1 else ["mpiexec", "-n", str(ranks), *base]
 
 
-def run_megacache(ranks: int, *args: str, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_megacache(ranks: int, *args: str, check: bool = True, env: dict | None = None,
+                  program=MEGACACHE) -> subprocess.CompletedProcess:
+    """``program`` (the megacache command, or a script of tests/support that alters it first) on
+    ``ranks`` ranks."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", **(env or {}))
-    proc = subprocess.run(megacache_cmd(ranks, *args), capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(megacache_cmd(ranks, *args, program=program), capture_output=True, text=True, env=env,
+                          timeout=600)
     if check and proc.returncode != 0:
         raise AssertionError(f"megacache {' '.join(args)} on {ranks} rank(s) exited {proc.returncode}:\n"
                              f"{proc.stdout}\n{proc.stderr}")
