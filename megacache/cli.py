@@ -202,31 +202,12 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     from .environment import kernel_dir
 
     compiled = load_kernels()
-    from .megatron.blends import blend_from_flags, check_prefixes_exist
-    from .builders.build import BuildConfig, build
-    from .megatron.flags import given_flags
-    from .megatron.training import DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
+    from .builders.build import build
 
-    blend, per_split = blend_from_flags(args.data_path, args.data_args_path,
-                                        (args.train_data_path, args.valid_data_path, args.test_data_path),
-                                        args.per_split_data_args_path)
-    if args.dataloader_fast_cache_load and not per_split:
-        raise MegacacheError("--dataloader-fast-cache-load and --data-path cannot be used together (megatron-core "
-                             "asserts): give the data per split (--per-split-data-args-path or "
-                             "--train/valid/test-data-path)")
-    # The most basic problem first: datasets that are not there (one process looks).
-    prefixes = [p for b in ([blend] if blend else [b for b in per_split if b]) for p in b.prefixes]
-    comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(prefixes)), "looking for the datasets")
-    split = args.split if args.split is not None or per_split else DEFAULT_SPLIT
-    version, tokenizer = _tokenizer_ids(args, comm)
-    sizes = split_sizes(version, **given_flags(args, SIZE_FLAGS))
-    cfg = BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=tokenizer,
-                      megatron_version=version, blend=blend,
-                      blend_per_split=per_split, split=split, seed=args.seed, cache_dir=args.data_cache_path,
-                      add_extra_token=not args.no_add_extra_token_to_sequence,
-                      drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence,
-                      surplus=args.mid_level_dataset_surplus, rebuild_stale=args.rebuild_stale,
-                      sequences_path=args.per_dataset_sequences_path)
+    if args.bridge_config:
+        cfg = _bridge_config(args, comm)
+    else:
+        cfg = _megatron_lm_config(args, comm)
     if args.json and not args.dry_run:
         raise MegacacheError("--json goes with --dry-run (a build prints a summary)")
     if args.dry_run:
@@ -261,6 +242,70 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     if result.sequences_path:
         print(f"  Megatron's --per-dataset-sequences-path file: {result.sequences_path}", flush=True)
     print("  phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.phases.items()), flush=True)
+
+
+def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
+    """The build of a Megatron-LM training run's flags."""
+    from .builders.build import BuildConfig
+    from .megatron.blends import blend_from_flags, check_prefixes_exist
+    from .algorithms.blend_sizes import DEFAULT_SURPLUS
+    from .megatron.flags import given_flags
+    from .megatron.training import DEFAULT_SEED, DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
+
+    blend, per_split = blend_from_flags(args.data_path, args.data_args_path,
+                                        (args.train_data_path, args.valid_data_path, args.test_data_path),
+                                        args.per_split_data_args_path)
+    if args.dataloader_fast_cache_load and not per_split:
+        raise MegacacheError("--dataloader-fast-cache-load and --data-path cannot be used together (megatron-core "
+                             "asserts): give the data per split (--per-split-data-args-path or "
+                             "--train/valid/test-data-path)")
+    # The most basic problem first: datasets that are not there (one process looks).
+    prefixes = [p for b in ([blend] if blend else [b for b in per_split if b]) for p in b.prefixes]
+    comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(prefixes)), "looking for the datasets")
+    if args.seq_length is None:
+        raise MegacacheError("--seq-length is required (training's sequence length: it is hashed)")
+    split = args.split if args.split is not None or per_split else DEFAULT_SPLIT
+    version, tokenizer = _tokenizer_ids(args, comm)
+    sizes = split_sizes(version, **given_flags(args, SIZE_FLAGS))
+    return BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=tokenizer,
+                       megatron_version=version, blend=blend,
+                       blend_per_split=per_split, split=split, seed=DEFAULT_SEED if args.seed is None else args.seed,
+                       cache_dir=args.data_cache_path,
+                       add_extra_token=not args.no_add_extra_token_to_sequence,
+                       drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence,
+                       surplus=(DEFAULT_SURPLUS if args.mid_level_dataset_surplus is None
+                                else args.mid_level_dataset_surplus),
+                       rebuild_stale=args.rebuild_stale, sequences_path=args.per_dataset_sequences_path)
+
+
+#: the build flags that describe a Megatron-LM run, which a Bridge configuration describes instead
+_MEGATRON_LM_RUN = ("data_path", "data_args_path", "train_data_path", "valid_data_path", "test_data_path",
+                    "per_split_data_args_path", "split", "seq_length", "seed", "data_cache_path",
+                    "mid_level_dataset_surplus", "no_add_extra_token_to_sequence",
+                    "no_drop_last_partial_validation_sequence", "per_dataset_sequences_path", "tokenizer_identifiers",
+                    "tokenizer_from_description", "megatron_python", "dataloader_fast_cache_load",
+                    "dataloader_defer_npy_index_mmap")
+
+
+def _bridge_config(args: argparse.Namespace, comm: Comm):
+    """The build of a Megatron-Bridge ConfigContainer (its YAML): everything from the file."""
+    from .builders.build import BuildConfig
+    from .megatron.blends import check_prefixes_exist
+    from .megatron.flags import given_flags
+    from .megatron.tokenizer import TOKENIZER_FLAGS
+    from .megatron.training import SIZE_FLAGS
+
+    given = [f"--{d.replace('_', '-')}" for d in _MEGATRON_LM_RUN if getattr(args, d) not in (None, False)]
+    given += [f"--{d.replace('_', '-')}" for d in {**given_flags(args, SIZE_FLAGS), **given_flags(args, TOKENIZER_FLAGS)}]
+    if given:
+        raise MegacacheError(f"--bridge-config {args.bridge_config} describes the run (data, sizes, tokenizer, cache "
+                             f"path); leave out {', '.join(given)}")
+    cfg = comm.on_root(lambda: BuildConfig.from_bridge(args.bridge_config, args.megatron_version,
+                                                       rebuild_stale=args.rebuild_stale),
+                       f"reading {args.bridge_config}")
+    prefixes = [p for b in ([cfg.blend] if cfg.blend else [b for b in cfg.blend_per_split if b]) for p in b.prefixes]
+    comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(prefixes)), "looking for the datasets")
+    return cfg
 
 
 def _dry_run(cfg, comm: Comm, verbose: bool, as_json: bool) -> None:
@@ -426,7 +471,9 @@ def _add_version_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .algorithms.blend_sizes import DEFAULT_SURPLUS
     from .backends import BACKENDS, DEFAULT_VERIFY_FRACTION
+    from .megatron.training import DEFAULT_SEED
     from .megatron.flags import add_flags
     from .megatron.tokenizer import TOKENIZER_FLAGS
     from .megatron.training import SIZE_FLAGS
@@ -474,7 +521,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="progress interval (default: 0.5 on a terminal, 30 otherwise; 0 disables)")
     p.set_defaults(func=_cmd_tokenize)
 
-    p = sub.add_parser("build", help="build Megatron GPTDataset index caches (flags as in Megatron-LM training)")
+    p = sub.add_parser("build", help="build Megatron GPTDataset index caches (flags as in Megatron-LM training, "
+                                     "or a Megatron-Bridge configuration)")
+    p.add_argument("--bridge-config", metavar="CONFIG.yaml",
+                   help="a Megatron-Bridge ConfigContainer as Bridge writes it to YAML (cfg.to_yaml, or a "
+                        "checkpoint's run_config.yaml): the data, split, sequence length, seed, cache path, "
+                        "tokenizer and sample counts all come from it, as Bridge's first run computes them, "
+                        "instead of the Megatron-LM flags below")
     g = p.add_argument_group("data (exactly one of these forms, as in Megatron-LM)")
     g.add_argument("--data-path", nargs="+", metavar="WORD",
                    help="PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (a weighted blend), or PREFIX1 PREFIX2 ... "
@@ -486,12 +539,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--per-split-data-args-path", metavar="FILE.json",
                    help='JSON {"train": [...], "valid": [...], "test": [...]} of per-split words')
     p.add_argument("--split", help="as Megatron (default '969, 30, 1' with --data-path; spaces are hashed)")
-    p.add_argument("--seq-length", type=int, required=True)
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--seq-length", type=int, help="training's --seq-length (required; hashed)")
+    p.add_argument("--seed", type=int, help=f"training's --seed (default {DEFAULT_SEED}; hashed)")
     p.add_argument("--data-cache-path", help="default: Megatron's <prefix>/cache/GPTDataset_indices (blends "
                                              "need it: Megatron caches blends only there)")
-    p.add_argument("--mid-level-dataset-surplus", type=float, default=0.005,
-                   help="extra samples each blended dataset is built with (default 0.005)")
+    p.add_argument("--mid-level-dataset-surplus", type=float,
+                   help=f"extra samples each blended dataset is built with (default {DEFAULT_SURPLUS})")
     add_flags(p.add_argument_group("samples per split (Megatron-LM's training flags)"), SIZE_FLAGS)
     g = p.add_argument_group("Megatron-LM loading flags (accepted; the cache is the same with or without them)")
     g.add_argument("--dataloader-fast-cache-load", action="store_true")

@@ -20,6 +20,9 @@ else
 fi
 # The newer oracles (a few minutes the first time; reused afterwards).
 bash tests/megatron_oracles.sh
+# --- Megatron-Bridge oracle (tests/conformance/test_bridge.py): Bridge 0.6.2 on that environment's
+# megatron-core 0.19.2; a few minutes the first time, reused afterwards. Its tests skip without it.
+bash tests/bridge_oracle.sh || echo "Megatron-Bridge oracle not built: tests/conformance/test_bridge.py will skip"
 export PYTHONWARNINGS=ignore
 for n in 2 3; do
   echo "=== MPI tests on $n ranks"

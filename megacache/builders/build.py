@@ -40,7 +40,7 @@ from ..fsio import write_atomic
 from ..megatron.blends import Blend
 from ..megatron.cache import SPLIT_NAMES, existing, present_files
 from ..megatron.sequences import default_path, sequences_json
-from ..megatron.training import DEFAULT_SPLIT
+from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT
 from ..megatron.versions import resolve
 from .blend import BLEND_BLOCK, BlendTask, Blending, plan_blends
 from .gpt import (Datasets, GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, Survey, array_records,
@@ -64,7 +64,7 @@ class BuildConfig:
     blend: Blend | None = None          # --data-path / --data-args-path
     blend_per_split: list | None = None  # --train/valid/test-data-path / --per-split-data-args-path
     split: str | None = DEFAULT_SPLIT
-    seed: int = 1234
+    seed: int = DEFAULT_SEED
     cache_dir: str | None = None        # --data-cache-path
     add_extra_token: bool = True
     drop_last_partial_validation: bool = True
@@ -103,6 +103,16 @@ class BuildConfig:
             LOG.warning(f"megacache: note: {found.note}")
         return cls(sizes=split_sizes(found.version, **training), tokenizer=found.identifiers,
                    megatron_version=found.version, **fields)
+
+    @classmethod
+    def from_bridge(cls, container, megatron_version: str | None = None, **fields) -> "BuildConfig":
+        """The caches a Megatron-Bridge run's first start builds: ``container`` is its
+        ``ConfigContainer``, the same as a mapping, or the path of its YAML (``megatron.bridge``);
+        ``megatron_version`` the megatron-core Bridge runs on (default: the installed one's);
+        ``fields``: further BuildConfig fields (``rebuild_stale``, ...)."""
+        from ..megatron.bridge import read_config
+
+        return read_config(container, megatron_version).build_config(**fields)
 
     @classmethod
     def for_prefix(cls, data_path: str, **fields) -> "BuildConfig":

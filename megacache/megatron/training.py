@@ -22,6 +22,8 @@ from .versions import at_least, resolve
 
 #: ``--split`` when ``--data-path`` is given without one (every supported version; spaces are hashed)
 DEFAULT_SPLIT = "969, 30, 1"
+#: ``--seed`` when not given (every supported version)
+DEFAULT_SEED = 1234
 
 #: the training flags that size the splits
 SIZE_FLAGS = (

@@ -1,0 +1,145 @@
+"""Runs inside the Megatron-Bridge oracle (tests/bridge_oracle.sh: Bridge 0.6.2 on megatron-core
+0.19.2) and answers what Bridge itself does with a ConfigContainer: a JSON request on stdin, a JSON
+answer on the last line of stdout. Standalone: it imports Bridge and megatron-core, never megacache.
+
+Request: ``{"cwd": DIR, "build": bool, "configs": [...]}``; each configuration is one of
+
+* ``{"yaml": PATH}``: a container Bridge wrote (``ConfigContainer.from_yaml``);
+* ``{"dict": {...}}``: the same as a mapping (``ConfigContainer.from_dict``);
+* ``{"spec": {...}, "yaml": PATH}``: a container made here from Bridge's configuration classes
+  (sections ``train``, ``validation``, ``dataset``, ``tokenizer`` of constructor keywords, ``model``
+  with ``seq_length``), written with Bridge's ``to_yaml`` to PATH and read back from it, as a user's
+  YAML would be.
+
+For each, what Bridge's pretraining does up to its datasets, on the CPU in a one-process gloo group
+(BlendedDataset saves its cache only under a process group): ``runtime_config_update`` (which
+validates the container), its tokenizer built by ``build_tokenizer(cfg.tokenizer)`` and set on the
+dataset configuration as ``setup`` does, then the loader's sample counts
+(``get_train_valid_test_num_samples``) and, with ``build``, the loader's
+``build_train_valid_test_datasets`` with the provider ``get_dataset_provider(cfg.dataset)`` gives:
+megatron-core's builder writes its caches to ``dataset.path_to_cache``. The answer per
+configuration: ``{"error": ...}`` (where Bridge refused), or the sizes, the dataset settings as
+validated, the tokenizer's ``unique_identifiers``, and (with ``build``) the names of the files in the
+cache directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import tempfile
+import traceback
+import warnings
+
+warnings.simplefilter("ignore")
+logging.disable(logging.WARNING)
+os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+
+def _imports():
+    with contextlib.redirect_stdout(sys.stderr):
+        from megatron.bridge.data import loaders
+        from megatron.bridge.data.utils import get_dataset_provider
+        from megatron.bridge.models import GPTModelProvider
+        from megatron.bridge.training import config as bridge_config
+        from megatron.bridge.training.tokenizers.tokenizer import build_tokenizer
+    return loaders, get_dataset_provider, GPTModelProvider, bridge_config, build_tokenizer
+
+
+def make_container(spec: dict, modules):
+    """A ConfigContainer from Bridge's classes: a tiny GPT, Adam, and the spec's sections."""
+    _, _, GPTModelProvider, c, _ = modules
+    dataset = dict(random_seed=1234, reset_attention_mask=False, reset_position_ids=False, eod_mask_loss=False,
+                   dataloader_type="single", num_workers=0)
+    dataset.update(spec.get("dataset", {}))
+    for key in ("blend", "blend_per_split"):  # JSON has no tuples; Bridge's recipes give (prefixes, weights)
+        if dataset.get(key) is not None:
+            dataset[key] = tuple(dataset[key]) if key == "blend" else \
+                [None if b is None else tuple(b) for b in dataset[key]]
+    model = GPTModelProvider(num_layers=1, hidden_size=16, num_attention_heads=2,
+                             seq_length=spec.get("model", {}).get("seq_length", dataset.get("seq_length", 128)))
+    train = dict(micro_batch_size=1)
+    train.update(spec.get("train", {}))
+    return c.ConfigContainer(
+        model=model, train=c.TrainingConfig(**train), validation=c.ValidationConfig(**spec.get("validation", {})),
+        optimizer=c.OptimizerConfig(optimizer="adam", lr=1e-4, use_distributed_optimizer=False),
+        scheduler=c.SchedulerConfig(), dataset=c.GPTDatasetConfig(**dataset), logger=c.LoggerConfig(),
+        tokenizer=c.TokenizerConfig(**spec.get("tokenizer", {})), checkpoint=c.CheckpointConfig(),
+        rng=c.RNGConfig(seed=1234))
+
+
+def load(item: dict, modules):
+    c = modules[3]
+    if "spec" in item:
+        make_container(item["spec"], modules).to_yaml(item["yaml"])
+    if "yaml" in item:
+        return c.ConfigContainer.from_yaml(item["yaml"])
+    return c.ConfigContainer.from_dict(item["dict"])
+
+
+def _files(directory: str | None) -> list[str] | None:
+    if directory is None or not os.path.isdir(directory):
+        return None
+    return sorted(e.name for e in os.scandir(directory) if e.is_file())
+
+
+def run_one(item: dict, build: bool, modules) -> dict:
+    loaders, get_dataset_provider, _, c, build_tokenizer = modules
+    try:
+        cfg = load(item, modules)
+    except Exception as exc:
+        return {"error": f"loading: {type(exc).__name__}: {exc}", "stage": "load"}
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            c.runtime_config_update(cfg)
+            tokenizer = build_tokenizer(cfg.tokenizer)
+            # what setup() does with the tokenizer before building the data
+            cfg.dataset.tokenizer = tokenizer
+            if getattr(cfg.dataset, "token_dtype_code", None) is None and tokenizer.vocab_size is not None:
+                cfg.dataset.token_dtype_code = 4 if tokenizer.vocab_size > 65536 else 8
+            sizes = loaders.get_train_valid_test_num_samples(cfg)
+        d = cfg.dataset
+        answer = {
+            "sizes": list(sizes),
+            "blend": None if d.blend is None else [list(d.blend[0]), None if d.blend[1] is None else list(d.blend[1])],
+            "blend_per_split": None if d.blend_per_split is None else [
+                None if b is None else [list(b[0]), None if b[1] is None else list(b[1])] for b in d.blend_per_split],
+            "split": d.split, "seq_length": d.sequence_length, "seed": d.random_seed,
+            "path_to_cache": d.path_to_cache, "add_extra_token": d.add_extra_token_to_sequence,
+            "drop_last_partial_validation": d.drop_last_partial_validation_sequence,
+            "surplus": d.mid_level_dataset_surplus, "tokenizer": tokenizer.unique_identifiers,
+        }
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "stage": "validate",
+                "trace": traceback.format_exc(limit=-3)}
+    if build:
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                loaders.build_train_valid_test_datasets(cfg, get_dataset_provider(cfg.dataset))
+        except Exception as exc:
+            answer.update(error=f"{type(exc).__name__}: {exc}", stage="build")
+        answer["files"] = _files(d.path_to_cache)
+    return answer
+
+
+def main() -> None:
+    request = json.load(sys.stdin)
+    os.chdir(request.get("cwd") or os.getcwd())
+    modules = _imports()
+    import megatron.core
+    import torch.distributed as dist
+    from megatron.bridge import __version__ as bridge_version
+
+    dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp(prefix='megacache-bridge-')}",
+                            world_size=1, rank=0)
+    results = [run_one(item, bool(request.get("build")), modules) for item in request["configs"]]
+    dist.destroy_process_group()
+    sys.stdout.write("\n" + json.dumps({"bridge": bridge_version, "megatron_core": megatron.core.__version__,
+                                        "results": results}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
