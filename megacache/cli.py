@@ -463,11 +463,11 @@ def _cmd_kernels(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _add_version_arg(p: argparse.ArgumentParser) -> None:
-    from .megatron.versions import SUPPORTED
+    from .megatron.versions import NEWEST, listing
 
     p.add_argument("--megatron-version", metavar="X.Y",
-                   help=f"the megatron-core whose caches to reproduce: {', '.join(SUPPORTED)} (default: the "
-                        f"installed megatron-core's version, else {SUPPORTED[-1]})")
+                   help=f"the megatron-core whose caches to reproduce: {listing()} (default: the installed "
+                        f"megatron-core's version, else {NEWEST})")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """Megatron-LM's semantics, in one place, per supported megatron-core version:
 
-* ``versions``: the versions megacache reproduces (0.16 to 0.19) and which one a run follows;
+* ``versions``: the versions megacache reproduces (0.16 to 0.19, and 0.20: Megatron-LM main) and which
+  one a run follows;
 * ``flags``: Megatron-LM flags as data (which versions have each, its default);
 * ``tokenizer``: the tokenizer identity training hashes into every cache name, from its flags;
 * ``training``: the samples training asks of each split, from its flags; the default split;

@@ -17,10 +17,8 @@ from dataclasses import dataclass
 
 from ..errors import MegacacheError
 from .flags import resolve_flags
-from .tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
-from .tokenizer import _special_tokens as special_tokens
-from .versions import SUPPORTED, at_least, normalize, resolve
-from .versions import _minor as minor_of
+from .tokenizer import TOKENIZER_FLAGS, special_tokens, tokenizer_identifiers
+from .versions import SUPPORTED, at_least, minor_of, normalize, resolve
 
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "identity_worker.py")
 #: ``args`` attributes build_tokenizer reads beyond the tokenizer flags: its vocabulary padding,

@@ -7,7 +7,8 @@ tokenizer from its flags (``pretrain_gpt.py``: megatron-core's ``build_tokenizer
 flags, without importing megatron-core or loading the tokenizer:
 
 * New system (every version): ``class`` is the model class's ``module.qualname``, chosen by
-  ``model_type`` in the ``--tokenizer-metadata`` JSON; ``tokenizer_path`` is the path as given (never
+  ``model_type`` in the ``--tokenizer-metadata`` JSON (0.20: one class, unless the metadata names
+  another by ``class_path``/``class_name``); ``tokenizer_path`` is the path as given (never
   normalised: ``./tok/`` and ``tok`` are different caches; the type name for GPT-2 and BERT); then
   every keyword ``build_tokenizer`` passes, as ``str(value)``, in its order. Which keywords, their
   order and their flags changed between versions: see ``_new_system``.
@@ -42,11 +43,17 @@ SUPPORTED_TYPES = ("NullTokenizer", "HuggingFaceTokenizer", *MEGATRON_LIBRARY_TY
 _LIBRARY = {"HuggingFaceTokenizer": "huggingface", "TikTokenizer": "tiktoken",
             **dict.fromkeys(MEGATRON_LIBRARY_TYPES, "megatron"), **dict.fromkeys(SENTENCEPIECE_TYPES, "sentencepiece")}
 
-# New system: metadata ``model_type`` -> model class, under megatron.core.tokenizers.text.models. The
-# name of the default changed in 0.17 ("default" -> "default-text"); each is a KeyError in the other.
+# New system to 0.19: metadata ``model_type`` -> model class, under megatron.core.tokenizers.text.models.
+# The name of the default changed in 0.17 ("default" -> "default-text"); each is a KeyError in the other.
 _MODEL_CLASSES = {"gpt": "gpt_tokenizer.GPTTokenizer", "mamba": "mamba_tokenizer.MambaTokenizer",
                   "bert": "bert_tokenizer.BertTokenizer", "t5": "t5_tokenizer.T5Tokenizer"}
 _DEFAULT_MODEL = "default_tokenizer.DefaultTokenizerText"
+#: 0.20 on: the models package is gone and every text tokenizer is this class. ``model_type`` is
+#: ignored; the metadata's ``class_path``/``class_name`` import another class, whose identity megacache
+#: knows only when it is this one (under either module that exports it).
+TEXT_CLASS = "megatron.core.tokenizers.text.text_tokenizer.MegatronTokenizerText"
+_TEXT_CLASS_NAMES = {("megatron.core.tokenizers.text.text_tokenizer", "MegatronTokenizerText"),
+                     ("megatron.core.tokenizers.text", "MegatronTokenizerText")}
 
 
 def _default_model_type(version: str) -> str:
@@ -112,6 +119,8 @@ TOKENIZER_FLAGS = (
     Flag(("--chat-template",), "str", since="0.18"),
     Flag(("--no-pad-vocab-size", "--disable-pad-vocab-size"), "false", since="0.18", default=True,
          help="(embedding size only; not hashed)"),
+    Flag(("--use-gigatoken",), "true", since="0.20", default=False,
+         help="(Hugging Face, GPT-2 and BERT types; hashed)"),
 )
 # ---------------------------------------------------------------------------------------------
 # Identity
@@ -139,7 +148,7 @@ def tokenizer_identifiers(tokenizer_type: str | None = None, megatron_version: s
     return _new_system(version, args)
 
 
-def _special_tokens(version: str, args: dict) -> list | None:
+def special_tokens(version: str, args: dict) -> list | None:
     """``--tokenizer-special-tokens``; before 0.18, Megatron-LM's argument check copies the deprecated
     ``--tiktoken-special-tokens`` there when it is not given."""
     if args["tokenizer_special_tokens"] is None and not at_least(version, "0.18"):
@@ -151,7 +160,7 @@ def _new_system(version: str, args: dict) -> dict:
     """megatron-core's ``build_tokenizer``: the keywords it passes for each type, in its order."""
     kind = args["tokenizer_type"]
     since_018 = at_least(version, "0.18")
-    special = _special_tokens(version, args)
+    special = special_tokens(version, args)
 
     def need_model() -> str:
         if not args["tokenizer_model"]:
@@ -200,6 +209,8 @@ def _new_system(version: str, args: dict) -> dict:
     else:
         hf = {"use_fast": args["tokenizer_hf_use_fast"], "trust_remote_code": args["trust_remote_code"],
               "include_special_tokens": args["tokenizer_hf_include_special_tokens"]}
+    if at_least(version, "0.20"):
+        hf["use_gigatoken"] = args["use_gigatoken"]
     files = {"vocab_file": args["vocab_file"], "merges_file": args["merge_file"]}
     if kind == "HuggingFaceTokenizer":
         path = need_model()
@@ -207,6 +218,9 @@ def _new_system(version: str, args: dict) -> dict:
         options.update(files, additional_special_tokens=special or [], **hf)
         return _new_identifiers(version, args, path, options)
     # GPT-2 and BERT: megatron-core's "megatron" library, named by the type.
+    if kind.startswith("Bert") and hf.get("use_gigatoken"):
+        raise MegacacheError(f"--tokenizer-type {kind} with --use-gigatoken: megatron-core cannot build it "
+                             f"(gigatoken loads BPE tokenizers only; BERT's is WordPiece)")
     extra = list(BERT_CASED_EXTRA_TOKENS) if kind == "BertWordPieceCase" else special or []
     return _new_identifiers(version, args, kind, {"additional_special_tokens": extra, **files, **hf})
 
@@ -238,11 +252,12 @@ def _model_class(version: str, metadata_path: str | None, tokenizer_type: str) -
     """The new system's model class, as ``MegatronTokenizer.from_pretrained`` picks it from the
     metadata file (NullTokenizer ignores the file)."""
     model_type = _default_model_type(version)
+    one_class = at_least(version, "0.20")
     if metadata_path and tokenizer_type != "NullTokenizer":
         metadata = _read_json(metadata_path, "tokenizer metadata")
         if not isinstance(metadata, dict):
             raise InputError(metadata_path, "top level", "tokenizer metadata must be a JSON object")
-        if metadata.get("tokenizer_class"):
+        if metadata.get("tokenizer_class") and not one_class:  # 0.20 reads class_name instead
             raise InputError(metadata_path, "tokenizer_class",
                              f"megatron-core cannot load a metadata file naming a tokenizer class; {_INSTEAD}")
         library = metadata.get("library")
@@ -251,6 +266,14 @@ def _model_class(version: str, metadata_path: str | None, tokenizer_type: str) -
                              f"{library!r}: --tokenizer-type {tokenizer_type} is built with library "
                              f"{_LIBRARY[tokenizer_type]!r}, and megatron-core builds the file's library "
                              f"(it fails or loads another tokenizer otherwise)")
+        if one_class:
+            named = (metadata.get("class_path"), metadata.get("class_name"))
+            if named[1] and named not in _TEXT_CLASS_NAMES:
+                raise InputError(metadata_path, "class_name",
+                                 f"{'.'.join(map(str, named))}: megacache knows the identity of megatron-core "
+                                 f"{version}'s {TEXT_CLASS} only (the text models package of 0.16-0.19 is "
+                                 f"gone); {_INSTEAD}")
+            return TEXT_CLASS
         if "model_type" in metadata:
             model_type = metadata["model_type"]
             if model_type is None and at_least(version, "0.17"):
@@ -260,6 +283,8 @@ def _model_class(version: str, metadata_path: str | None, tokenizer_type: str) -
             raise InputError(metadata_path, "model_type",
                              f"{model_type!r} is not one of megatron-core {version}'s text model types "
                              f"({', '.join(known)})")
+    if one_class:
+        return TEXT_CLASS
     return "megatron.core.tokenizers.text.models." + _MODEL_CLASSES.get(model_type, _DEFAULT_MODEL)
 
 
@@ -288,7 +313,7 @@ def _legacy(args: dict) -> dict:
     pattern = need("tiktoken_pattern")
     if pattern not in TIKTOKEN_PATTERNS:
         raise MegacacheError(f"--tiktoken-pattern {pattern!r}: Megatron knows v1 and v2")
-    special = _special_tokens("0.16", args)
+    special = special_tokens("0.16", args)
     return {"class": "CustomTikTokenizer", "tokenizer_path": [path], "pattern": TIKTOKEN_PATTERNS[pattern],
             "vocab_size": str(args["vocab_size"]), "num_special_tokens": str(args["tiktoken_num_special_tokens"]),
             "special_tokens": str(special)}
@@ -408,6 +433,8 @@ def _candidate_flags(ids: dict, version: str) -> dict | None:
     if since_017:
         switches = dict(tokenizer_hf_no_use_fast=ids["use_fast"] == "False",
                         tokenizer_hf_no_include_special_tokens=ids.get("include_special_tokens") == "False")
+        if at_least(version, "0.20"):
+            switches["use_gigatoken"] = ids.get("use_gigatoken") == "True"
     else:
         switches = dict(tokenizer_hf_use_fast=ids["use_fast"] == "True",
                         tokenizer_hf_include_special_tokens=ids.get("include_special_tokens") == "True")

@@ -6,17 +6,22 @@ environment tests/bridge_oracle.sh builds (skipped when it is not built)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from megacache.comm import SingleComm
+from megacache.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
+from megacache.fsio import write_atomic
 from megacache.megatron.bridge import load_yaml, read_config
 from support.oracle import write_lengths
 from support.sweeps import cache_files
@@ -29,6 +34,7 @@ VERSION = "0.19"  # the megatron-core Bridge 0.6.2 runs on (0.19.2 in the oracle
 CONFIGS = 120
 PREFIXES = ("a", "b", "c", "d")
 REFUSALS: list = []
+ORACLE_RUNS = os.path.join(tempfile.gettempdir(), "megacache-oracle-runs")
 
 
 def ask(request: dict, timeout: float = 1800) -> list:
@@ -46,14 +52,18 @@ def ask(request: dict, timeout: float = 1800) -> list:
     return answer["results"]
 
 
-@pytest.fixture(scope="module")
-def data(tmp_path_factory):
+def write_datasets(root: Path) -> None:
     """Four datasets, each long enough that every split of "9999,8,2" holds tokens (megatron-core
     loops forever on an empty split it is asked samples of)."""
-    root = tmp_path_factory.mktemp("bridge-data")
     rng = np.random.default_rng(7)
     for name in PREFIXES:
         write_lengths(str(root / name), rng.integers(1, int(rng.choice([20, 200])), int(rng.integers(3000, 6000))))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bridge-data")
+    write_datasets(root)
     return root
 
 
@@ -156,17 +166,48 @@ def assert_same_plan(ours, theirs: dict) -> None:
     assert list(ours.tokenizer.items()) == list(theirs["tokenizer"].items())
 
 
-def test_random_configurations_equal_bridge(data, tmp_path):
+def oracle_run(comm) -> tuple[str, list[dict], list[dict]]:
+    """The random configurations, their datasets and Bridge's answer to each (its caches on disk),
+    made once per machine (in the system's temporary directory, keyed by the configurations) by
+    rank 0, so that every rank count compares against them: the directory, specs and answers."""
+    if not os.path.isfile(os.path.join(ROOT, "spec.txt")):  # on every rank, before any collective
+        pytest.skip("Megatron-Bridge oracle not built: run bash tests/bridge_oracle.sh")
     rng = random.Random("megacache bridge")
-    specs = [random_spec(rng, data, str(tmp_path / "theirs" / str(i))) for i in range(CONFIGS)]
-    request = {"cwd": str(tmp_path), "build": True,
-               "configs": [{"spec": s, "yaml": str(tmp_path / f"{i}.yaml")} for i, s in enumerate(specs)]}
-    started = time.monotonic()
-    results = ask(request)
-    print(f"Bridge built {len(specs)} configurations in {time.monotonic() - started:.0f} s")
+    key = hashlib.sha256(json.dumps([random_spec(rng, Path("ROOT"), f"ROOT/theirs/{i}") for i in range(CONFIGS)])
+                         .encode()).hexdigest()[:16]
+    root = os.path.join(ORACLE_RUNS, f"bridge-{key}")
+    rng = random.Random("megacache bridge")
+    specs = [random_spec(rng, Path(root), os.path.join(root, "theirs", str(i))) for i in range(CONFIGS)]
+    done = os.path.join(root, "done.json")
+    error = None
+    if comm.rank == 0 and not os.path.exists(done):
+        try:
+            shutil.rmtree(root, ignore_errors=True)
+            os.makedirs(root)
+            write_datasets(Path(root))
+            started = time.monotonic()
+            results = ask({"cwd": root, "build": True,
+                           "configs": [{"spec": s, "yaml": os.path.join(root, f"{i}.yaml")}
+                                       for i, s in enumerate(specs)]})
+            print(f"Bridge built {len(specs)} configurations in {time.monotonic() - started:.0f} s")
+            write_atomic(done, json.dumps(results).encode())
+        except BaseException as exc:  # agreed below, so no rank waits forever
+            error = exc
+    comm.check(error, "running the Megatron-Bridge oracle")
+    with open(done) as f:
+        return root, specs, json.load(f)
+
+
+def bridge_sweep(comm) -> dict[str, int]:
+    """Every random configuration built by megacache with ``comm``'s ranks from the YAML Bridge wrote,
+    compared with Bridge's own build (what it refused, refused here too)."""
+    from megacache.builders.build import build
+    from support.sweeps import build_and_compare
+
+    root, specs, results = oracle_run(comm)
     outcomes: dict = {}
     for i, (spec, theirs) in enumerate(zip(specs, results, strict=True)):
-        path = str(tmp_path / f"{i}.yaml")
+        path = os.path.join(root, f"{i}.yaml")
         label = f"configuration {i}: {json.dumps(spec)}\nBridge: {theirs.get('error')}"
         if theirs.get("stage") == "load":
             raise AssertionError(f"Bridge could not write or read {label}")
@@ -181,24 +222,47 @@ def test_random_configurations_equal_bridge(data, tmp_path):
             assert read_config(load_yaml(path), VERSION) == ours  # the same container as a mapping
         except AssertionError as exc:
             raise AssertionError(f"{label}\n{exc}") from None
-        cache = str(tmp_path / "ours" / str(i))
-        cfg = ours.build_config(cache_dir=cache, sequences_path="")
-        from megacache.builders.build import build
-
-        if theirs.get("error"):  # megatron-core refused while building (e.g. oversampling)
-            refuses(lambda: build(cfg, SingleComm()), label)
-            outcomes["refused while building"] = outcomes.get("refused while building", 0) + 1
-            continue
-        build(cfg, SingleComm())
-        mine, reference = cache_files(cache), cache_files(theirs["path_to_cache"])
-        assert sorted(mine) == sorted(theirs["files"]) == sorted(reference), label
-        for name in reference:
-            assert mine[name] == reference[name], f"{label}\n{name} differs"
+        workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-bridge-") if comm.rank == 0 else None)
+        try:
+            cfg = ours.build_config(cache_dir=os.path.join(workdir, "ours"), sequences_path="")
+            if theirs.get("error"):  # megatron-core refused while building (e.g. oversampling)
+                if comm.size == 1:
+                    refuses(lambda: build(cfg, comm), label)
+                else:
+                    with pytest.raises(MegacacheError):
+                        build(cfg, comm)
+                outcomes["refused while building"] = outcomes.get("refused while building", 0) + 1
+                continue
+            build_and_compare(cfg, comm, theirs["path_to_cache"], refuse=False)
+            if comm.rank == 0:
+                assert sorted(cache_files(cfg.cache_dir)) == sorted(theirs["files"]), label
+        finally:
+            comm.barrier()
+            if comm.rank == 0:
+                shutil.rmtree(workdir)
         kind = "per-split" if ours.blend_per_split else "one prefix" if ours.blend.is_single else "blend"
         outcomes[kind] = outcomes.get(kind, 0) + 1
-    print("Bridge configurations:", outcomes, *sorted(set(REFUSALS)), sep="\n")
+    return outcomes
+
+
+def assert_mostly_built(outcomes: dict) -> None:
     assert sum(v for k, v in outcomes.items() if "refused" not in k) >= 0.75 * CONFIGS, outcomes
     assert all(outcomes.get(k, 0) >= 10 for k in ("per-split", "one prefix", "blend")), outcomes
+
+
+def test_random_configurations_equal_bridge():
+    outcomes = bridge_sweep(SingleComm())
+    print("Bridge configurations, 1 rank:", outcomes, *sorted(set(REFUSALS)), sep="\n")
+    assert_mostly_built(outcomes)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_random_configurations_equal_bridge_under_mpi():
+    comm = get_comm()
+    outcomes = bridge_sweep(comm)
+    if comm.rank == 0:
+        print(f"Bridge configurations, {comm.size} ranks:", outcomes)
+    assert_mostly_built(outcomes)
 
 
 # ---------------------------------------------------------------------------------------------

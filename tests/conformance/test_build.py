@@ -11,6 +11,7 @@ import pytest
 
 from megacache.builders.build import BuildConfig, build
 from megacache.megatron.training import split_sizes
+from megacache.megatron.versions import SUPPORTED
 from megacache.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
 from support.oracle import load_mcore, megatron_splits, sweep_configurations, write_lengths
@@ -95,16 +96,16 @@ def test_worked_examples_5_and_8(tmp_path, megatron):
         assert run_both(mcore, SingleComm(), d, c) in ("ok", "separated")
 
 
-# Megatron-LM's get_train_valid_test_num_samples at each version's tag, run with these flags
-# (micro-batch 1, --eval-interval 100 --eval-iters 10): (train, valid, test).
+# Megatron-LM's get_train_valid_test_num_samples at each version's tag (0.20: main's, the same function), run
+# with these flags (micro-batch 1, --eval-interval 100 --eval-iters 10): (train, valid, test).
 SIZES_BY_VERSION = [
-    (("0.16", "0.17", "0.18", "0.19"), dict(train_iters=1000, global_batch_size=8), (8000, 880, 80)),
-    (("0.16", "0.17", "0.18", "0.19"), dict(train_samples=8000, global_batch_size=8), (8000, 880, 80)),
-    (("0.16", "0.17", "0.18", "0.19"), dict(train_iters=1000, global_batch_size=8, skip_train=True), (8000, 80, 80)),
-    (("0.16", "0.17", "0.18", "0.19"), dict(train_iters=1000, global_batch_size=8, full_validation=True),
-     (8000, None, 80)),
-    (("0.18", "0.19"), dict(train_iters=1000, global_batch_size=8, eval_global_batch_size=16), (8000, 1760, 160)),
-    (("0.18", "0.19"), dict(train_iters=1000, global_batch_size=8, start_eval_at_iter=300), (8000, 640, 80)),
+    (SUPPORTED, dict(train_iters=1000, global_batch_size=8), (8000, 880, 80)),
+    (SUPPORTED, dict(train_samples=8000, global_batch_size=8), (8000, 880, 80)),
+    (SUPPORTED, dict(train_iters=1000, global_batch_size=8, skip_train=True), (8000, 80, 80)),
+    (SUPPORTED, dict(train_iters=1000, global_batch_size=8, full_validation=True), (8000, None, 80)),
+    (("0.18", "0.19", "0.20"), dict(train_iters=1000, global_batch_size=8, eval_global_batch_size=16),
+     (8000, 1760, 160)),
+    (("0.18", "0.19", "0.20"), dict(train_iters=1000, global_batch_size=8, start_eval_at_iter=300), (8000, 640, 80)),
 ]
 
 
@@ -118,7 +119,7 @@ def test_split_sizes_as_megatron_training_computes_them(versions, flags, sizes):
 
 def test_split_size_flags_of_other_versions_and_missing_ones_are_errors():
     with pytest.raises(MegacacheError, match=r"--eval-global-batch-size does not exist in Megatron-LM 0\.17 \(it "
-                                             r"exists in 0\.18 to 0\.19\)"):
+                                             r"exists in 0\.18 to 0\.20\)"):
         split_sizes("0.17", train_iters=10, global_batch_size=8, eval_interval=5, eval_global_batch_size=16)
     with pytest.raises(MegacacheError, match="--eval-interval is needed to count the validation samples"):
         split_sizes("0.19", train_iters=10, global_batch_size=8)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import warnings
 from types import SimpleNamespace
 
@@ -29,14 +28,20 @@ from megacache.errors import InputError, MegacacheError
 from megacache.megatron.cache import CacheEntry, blend_identifiers, describe, gpt_identifiers
 from megacache.megatron.tokenizer import (
     SUPPORTED_TYPES,
-    TOKENIZER_FLAGS,
     identifiers_from_description,
     identifiers_from_json,
     tokenizer_identifiers,
 )
-from megacache.megatron.versions import SUPPORTED
-from support.oracles import ask
-from support.tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
+from megacache.megatron.versions import SUPPORTED, UNRELEASED
+from support.oracles import ask, recorded_main
+from support.tokenizer_cases import (
+    NEW_SYSTEM,
+    RANDOM_CASES_PER_TYPE,
+    fixed_cases,
+    new_system_flags,
+    random_cases,
+)
+from support.tokenizer_files import write_tokenizer_files
 
 # Megatron-LM arguments.py defaults of every flag megatron-core's build_tokenizer reads.
 MEGATRON_DEFAULTS = dict(
@@ -98,46 +103,6 @@ def test_null_tokenizer_of_the_recipe():
         '"tokenizer_path":null,"vocab_size":"1000"}')
 
 
-NEW_SYSTEM = {
-    "null": dict(tokenizer_type="NullTokenizer", vocab_size=1000),
-    "null_ignores_other_flags": dict(
-        tokenizer_type="NullTokenizer", vocab_size=50257, tokenizer_model="hf", vocab_file="v.json",
-        tokenizer_special_tokens=["<a>"], tokenizer_hf_use_fast=True,
-        tokenizer_metadata="meta_huggingface_gpt.json"),
-    "hf": dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="hf"),
-    "hf_path_verbatim": dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="./hf/"),
-    "hf_all_options": dict(
-        tokenizer_type="HuggingFaceTokenizer", tokenizer_model="ABS/hf",
-        tokenizer_special_tokens=["<|tool|>", "<|im_end|>"], tokenizer_hf_use_fast=True,
-        tokenizer_hf_include_special_tokens=True, vocab_extra_ids=3),
-    "hf_with_vocab_and_merges": dict(
-        tokenizer_type="HuggingFaceTokenizer", tokenizer_model="gpt2",
-        vocab_file="gpt2files/vocab.json", merge_file="gpt2files/merges.txt"),
-    "gpt2": dict(tokenizer_type="GPT2BPETokenizer", vocab_file="gpt2files/vocab.json",
-                 merge_file="gpt2files/merges.txt"),
-    "gpt2_all_options": dict(
-        tokenizer_type="GPT2BPETokenizer", vocab_file="ABS/gpt2files/vocab.json",
-        merge_file="ABS/gpt2files/merges.txt", tokenizer_special_tokens=["<|tool|>"],
-        tokenizer_hf_use_fast=True, trust_remote_code=True, tokenizer_hf_include_special_tokens=True),
-    "gpt2_vocab_only": dict(tokenizer_type="GPT2BPETokenizer", vocab_file="./gpt2files/vocab.json"),
-    "bert_lower": dict(tokenizer_type="BertWordPieceLowerCase", vocab_file="bertfiles/vocab.txt",
-                       tokenizer_hf_include_special_tokens=True),
-    "bert_cased_replaces_special_tokens": dict(
-        tokenizer_type="BertWordPieceCase", vocab_file="bertfiles/vocab.txt",
-        tokenizer_special_tokens=["<x>"], tokenizer_hf_use_fast=True),
-    **{f"hf_metadata_{t}": dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="hf",
-                                tokenizer_metadata=f"meta_huggingface_{t}.json")
-       for t in ("default", "gpt", "mamba", "bert", "t5")},
-    "gpt2_metadata_gpt": dict(tokenizer_type="GPT2BPETokenizer", vocab_file="gpt2files/vocab.json",
-                              merge_file="gpt2files/merges.txt", tokenizer_metadata="meta_megatron_gpt.json"),
-}
-
-
-def new_system_flags(case: str, root) -> dict:
-    """The flags of NEW_SYSTEM[case], with ABS made the absolute path of ``root``."""
-    return {k: v.replace("ABS", str(root)) if isinstance(v, str) else v for k, v in NEW_SYSTEM[case].items()}
-
-
 @pytest.mark.parametrize("case", NEW_SYSTEM)
 def test_new_system_equals_megatron(build, root, case):
     flags = new_system_flags(case, root)
@@ -150,88 +115,12 @@ def test_new_system_equals_megatron(build, root, case):
 # ---------------------------------------------------------------------------------------------
 # Every version, every type: random flag combinations against that version's build_tokenizer
 
-RANDOM_CASES_PER_TYPE = 50
-SPECIAL_POOL = ["<|tool|>", "<|im_end|>", "<x>", "<|endoftext|>"]
-TIKTOKEN_SPECIALS = ["<unk>", "<s>", "</s>", "<mask>", "<pad>", "<cls>", "<sep>"]
 
-
-def random_flags(rng: random.Random, version: str, kind: str, root) -> dict:
-    """Flags of one Megatron-LM ``version`` run with ``--tokenizer-type kind``: the type's own flags
-    in random forms, some flags the type ignores, switches at random (only flags the version has)."""
-    have = {f.dest for f in TOKENIZER_FLAGS if f.exists_in(version)}
-    maybe = lambda p=0.5: rng.random() < p  # noqa: E731
-    flags: dict = {"tokenizer_type": kind}
-
-    def path(name: str) -> str:
-        return rng.choice([name, f"./{name}", f"{root}/{name}"])
-
-    def switch(dest: str, p=0.3) -> None:
-        if dest in have and maybe(p):
-            flags[dest] = not next(f.default for f in TOKENIZER_FLAGS if f.dest == dest)
-
-    model_types = ["default" if version == "0.16" else "default-text", "gpt", "mamba", "bert", "t5"]
-    library = {"HuggingFaceTokenizer": "huggingface", "TikTokenizer": "tiktoken", "NullTokenizer": "huggingface"}.get(
-        kind, "sentencepiece" if "SentencePiece" in kind or kind == "Llama2Tokenizer" else "megatron")
-    if maybe(0.4):
-        flags["tokenizer_metadata"] = rng.choice(
-            [f"meta_{library}_{t}.json" for t in model_types] + [f"meta_{library}.json"])
-    if kind == "NullTokenizer":
-        flags["vocab_size"] = rng.choice([1, 257, 1000, 50257, 70000])
-        if "null_tokenizer_eod_id" in have and maybe():
-            flags["null_tokenizer_eod_id"] = rng.randrange(0, 1000)
-        if "null_tokenizer_pad_id" in have and maybe():
-            flags["null_tokenizer_pad_id"] = rng.choice([0, 5, 999])
-        if maybe(0.3):  # flags NullTokenizer ignores
-            flags.update(tokenizer_model="hf", vocab_file="gpt2files/vocab.json", vocab_extra_ids=3)
-    elif kind == "HuggingFaceTokenizer":
-        if maybe(0.25):
-            flags.update(tokenizer_model="gpt2", vocab_file="gpt2files/vocab.json")
-            if maybe():
-                flags["merge_file"] = "gpt2files/merges.txt"
-        else:
-            flags["tokenizer_model"] = path("hf")
-    elif kind in ("GPT2BPETokenizer", "BertWordPieceLowerCase", "BertWordPieceCase"):
-        if kind == "GPT2BPETokenizer":
-            flags.update(vocab_file=path("gpt2files/vocab.json"), merge_file=path("gpt2files/merges.txt"))
-        else:
-            flags["vocab_file"] = path("bertfiles/vocab.txt")
-    elif kind == "TikTokenizer":
-        flags["tokenizer_model"] = path("ranks.json")
-        specials = 1000
-        if maybe():
-            specials = rng.choice([10, 50, 1000])
-            flags["tiktoken_num_special_tokens"] = specials
-        flags["vocab_size"] = specials + TIKTOKEN_RANKS
-        if maybe():
-            flags["tiktoken_pattern"] = rng.choice(["v1", "v2"])
-    else:  # SentencePiece types
-        flags["tokenizer_model"] = path("sp.model")
-        switch("tokenizer_sentencepiece_legacy", 0.5)
-        switch("tokenizer_sentencepiece_ignore_extra_whitespaces", 0.5)
-        if maybe(0.3):
-            flags["vocab_extra_ids"] = 2
-    if maybe(0.4):
-        if kind == "TikTokenizer":
-            name = "tiktoken_special_tokens" if "tiktoken_special_tokens" in have and maybe() else "tokenizer_special_tokens"
-            flags[name] = TIKTOKEN_SPECIALS + rng.sample(SPECIAL_POOL, rng.randrange(0, 3))
-        elif kind != "NullTokenizer" and ("SentencePiece" not in kind and kind != "Llama2Tokenizer"
-                                          or flags.get("tokenizer_sentencepiece_legacy")):
-            flags["tokenizer_special_tokens"] = rng.sample(SPECIAL_POOL, rng.randrange(1, 3))
-    if "chat_template" in have and kind not in ("NullTokenizer",) and maybe(0.3):
-        flags["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
-    for dest in ("tokenizer_hf_use_fast", "tokenizer_hf_include_special_tokens", "tokenizer_hf_no_use_fast",
-                 "tokenizer_hf_no_include_special_tokens", "trust_remote_code"):
-        switch(dest)
-    return flags
-
-
-@pytest.mark.parametrize("version", SUPPORTED)
-def test_random_flags_equal_each_versions_build_tokenizer(root, version):
-    rng = random.Random(f"tokenizer identity {version}")
-    cases = [random_flags(rng, version, kind, root) for kind in SUPPORTED_TYPES for _ in range(RANDOM_CASES_PER_TYPE)]
-    results = ask(version, {"task": "tokenizers", "cwd": str(root), "cases": cases})
+def compare(version: str, cases: list, results: list, root) -> dict:
+    """megacache's identity of each case equals the oracle's (same entries, same order), or megacache
+    refuses what the oracle refused; the outcomes counted by type."""
     counts: dict = {}
-    for flags, result in zip(cases, results):
+    for flags, result in zip(cases, results, strict=True):
         with inside(root):
             if "error" in result:
                 with pytest.raises(MegacacheError):
@@ -242,8 +131,50 @@ def test_random_flags_equal_each_versions_build_tokenizer(root, version):
                 outcome = "equal"
         key = (flags["tokenizer_type"], outcome)
         counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def assert_mostly_equal(version: str, counts: dict) -> None:
     for kind in SUPPORTED_TYPES:  # mostly real identities, not refusals
         assert counts.get((kind, "equal"), 0) >= 0.8 * RANDOM_CASES_PER_TYPE, (version, kind, counts)
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_random_flags_equal_each_versions_build_tokenizer(root, version):
+    cases = random_cases(version, root)
+    if version in UNRELEASED:  # the fixed cases too: Megatron-LM main has no other live test
+        cases += list(fixed_cases(version, root).values())
+    results = ask(version, {"task": "tokenizers", "cwd": str(root), "cases": cases})
+    assert_mostly_equal(version, compare(version, cases, results, root))
+
+
+def _under(value, root: str):
+    """``value`` (recorded JSON) with every ``<ROOT>`` made ``root``."""
+    if isinstance(value, str):
+        return value.replace("<ROOT>", root)
+    if isinstance(value, list):
+        return [_under(v, root) for v in value]
+    if isinstance(value, dict):
+        return {k: _under(v, root) for k, v in value.items()}
+    return value
+
+
+@pytest.mark.parametrize("version", UNRELEASED)
+def test_identities_equal_those_recorded_from_megatron_main(root, version):
+    """Megatron-LM main has no wheel: its build_tokenizer's answers to the random and fixed flag sets,
+    recorded at one commit by tests/support/record_megatron_main.py, against megacache's table."""
+    recorded = recorded_main("tokenizer_identities.json")
+    assert recorded["megatron_core"].startswith(f"{version}."), recorded["megatron_core"]
+    random_part = [_under(c, str(root)) for c in recorded["random"]]
+    fixed_part = {name: _under(c, str(root)) for name, c in recorded["fixed"].items()}
+    # the recording is of the flag sets these tests make (re-record when they change)
+    assert [c["flags"] for c in random_part] == random_cases(version, root)
+    assert {name: c["flags"] for name, c in fixed_part.items()} == fixed_cases(version, root)
+    counts = compare(version, [c["flags"] for c in random_part], random_part, root)
+    assert_mostly_equal(version, counts)
+    compare(version, [c["flags"] for c in fixed_part.values()], list(fixed_part.values()), root)
+    refused = {name for name, c in fixed_part.items() if "error" in c}
+    assert refused == {"hf_metadata_class_gpt", "hf_metadata_class_without_path", "bert_cased_gigatoken"}, refused
 
 
 # Megatron-LM build_tokenizer with --legacy-tokenizer: flags -> (class, paths, options) it constructs.

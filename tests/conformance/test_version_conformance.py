@@ -26,7 +26,9 @@ from megacache.comm import Comm, SingleComm, get_comm
 from megacache.fsio import write_atomic
 from megacache.megatron.tokenizer import tokenizer_identifiers
 from support.oracle import sweep_configurations, write_lengths
-from support.oracles import ask
+from megacache.megatron.interpreter import ask as megatron_ask
+from megacache.megatron.interpreter import differences
+from support.oracles import ask, interpreter
 from support.sweeps import per_split_blends, random_blend_config, words
 from support.sweeps import build_and_compare, random_config, would_hang
 from support.tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
@@ -106,8 +108,31 @@ def oracle_run(comm: Comm, kind: str) -> tuple[list[dict], list]:
     return configurations(kind, root), results
 
 
-def our_config(c: dict, cache: str, tuning: dict) -> BuildConfig:
-    tokenizer = tokenizer_identifiers(megatron_version=VERSION, **c["tokenizer"])
+def asked_identities(configs: list[dict]) -> dict[str, dict]:
+    """The pool's identities as ``--megatron-python`` gets them: megacache's worker in 0.19.2's
+    interpreter, its build_tokenizer answering (checked against the table, as a build checks them)."""
+    python, env = interpreter(VERSION)
+    pool = list({json.dumps(c["tokenizer"]): c for c in configs}.values())
+    old = os.getcwd()
+    os.chdir(pool[0]["tokenizer_cwd"])
+    try:
+        answer = megatron_ask(python, [c["tokenizer"] for c in pool])
+    finally:
+        os.chdir(old)
+    assert answer["version"] == "0.19.2", answer
+    out = {}
+    for c, result in zip(pool, answer["answers"], strict=True):
+        ids = result["identifiers"]
+        assert differences(ids, tokenizer_identifiers(megatron_version=VERSION, **c["tokenizer"])) == []
+        out[json.dumps(c["tokenizer"])] = ids
+    return out
+
+
+def our_config(c: dict, cache: str, tuning: dict, identities: dict | None = None) -> BuildConfig:
+    """megacache's configuration for ``c``: its tokenizer identity from megacache's table, or from
+    ``identities`` (what the Megatron asked answered)."""
+    tokenizer = (identities[json.dumps(c["tokenizer"])] if identities is not None else
+                 tokenizer_identifiers(megatron_version=VERSION, **c["tokenizer"]))
     common = dict(seq_length=c["L"], sizes=tuple(c["sizes"]), tokenizer=tokenizer, seed=c["seed"], cache_dir=cache,
                   add_extra_token=bool(c["x"]), drop_last_partial_validation=c["drop_last"],
                   megatron_version=VERSION)
@@ -117,14 +142,16 @@ def our_config(c: dict, cache: str, tuning: dict) -> BuildConfig:
     return BuildConfig(blend=parse_blend(words(*c["blend"])), split=c["split"], **common, **tuning)
 
 
-def sweep(comm: Comm, kind: str, **tuning) -> dict[str, int]:
+def sweep(comm: Comm, kind: str, ask_megatron: bool = False, **tuning) -> dict[str, int]:
+    """``ask_megatron``: the identities as ``--megatron-python`` gets them, else from the table."""
     configs, results = oracle_run(comm, kind)
+    identities = asked_identities(configs) if ask_megatron else None
 
     def run(workdir: str, item) -> str:
         c, theirs_error = item
         refuse = bool(c.get("hang") or theirs_error)
-        result = build_and_compare(our_config(c, os.path.join(workdir, "ours"), tuning), comm, c["path_to_cache"],
-                                   refuse)
+        result = build_and_compare(our_config(c, os.path.join(workdir, "ours"), tuning, identities), comm,
+                                   c["path_to_cache"], refuse)
         if result is None:
             return "refused"
         return f"{c['tokenizer']['tokenizer_type']}" + (" blend" if result.blends else "")
@@ -134,7 +161,8 @@ def sweep(comm: Comm, kind: str, **tuning) -> dict[str, int]:
 
 @pytest.mark.parametrize("kind", ["single", "blend"])
 def test_sweep_against_megatron_019_single_rank(kind):
-    outcomes = sweep(SingleComm(), kind)
+    # one rank names the caches as --megatron-python does; the MPI sweeps, from megacache's table
+    outcomes = sweep(SingleComm(), kind, ask_megatron=True)
     print(f"{kind} conformance with megatron-core 0.19.2, 1 rank:", outcomes)
     assert sum(outcomes.values()) == COUNT and outcomes.get("refused", 0) <= 40, outcomes
 

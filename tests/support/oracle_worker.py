@@ -1,12 +1,15 @@
 """Runs inside the interpreter of one megatron-core version (0.16.1 in the test environment's own
-Python; 0.17-0.19 in the Python 3.12 environment of tests/megatron_oracles.sh) and does what a test
-asks of that version: a JSON request on stdin, a JSON answer on stdout. Standalone: it imports
-megatron-core and numpy, never megacache.
+Python; 0.17-0.19 in the Python 3.12 environment of tests/megatron_oracles.sh; 0.20, Megatron-LM main,
+in that environment with a main checkout first on PYTHONPATH) and does what a test asks of that
+version: a JSON request on stdin, a JSON answer on stdout. Standalone: it imports megatron-core and
+numpy, never megacache.
 
 Requests:
 * ``{"task": "tokenizers", "cwd": DIR, "cases": [flags, ...]}``: each case's
   ``build_tokenizer(args).unique_identifiers`` (``args``: Megatron-LM's flag defaults of this version
   with the case's flags on top), or ``{"error": "..."}``.
+* ``{"task": "tokenizer_flags"}``: the tokenizer flags Megatron-LM's arguments.py declares (a
+  checkout's ``megatron.training``; the wheels have none): names, destination, switch or not, default.
 * ``{"task": "caches", "configs": [...]}``: for each configuration, megatron-core's
   ``BlendedMegatronDatasetBuilder(GPTDataset, ...).build()`` writing its cache to ``path_to_cache``;
   the answer per configuration is None or the error it raised.
@@ -47,6 +50,7 @@ DEFAULTS = {
                  null_tokenizer_pad_id=-1, chat_template=None),
 }
 DEFAULTS["0.19"] = DEFAULTS["0.18"]
+DEFAULTS["0.20"] = dict(DEFAULTS["0.19"], use_gigatoken=False)
 RENAMED = {"tokenizer_special_tokens": "special_tokens", "tokenizer_metadata": "metadata_path"}
 
 
@@ -82,6 +86,17 @@ def tokenizers(request: dict) -> list:
         except Exception as exc:  # the test compares refusals too
             out.append({"error": f"{type(exc).__name__}: {exc}"})
     return out
+
+
+def tokenizer_flags(request: dict) -> list:
+    import argparse
+
+    from megatron.training.arguments import _add_tokenizer_args
+
+    parser = argparse.ArgumentParser()
+    _add_tokenizer_args(parser)
+    return [{"names": a.option_strings, "dest": a.dest, "switch": a.nargs == 0, "default": a.default}
+            for a in parser._actions if a.option_strings and a.dest != "help"]
 
 
 def write_sequences_file(blend, blend_per_split, path: str) -> None:

@@ -1,7 +1,14 @@
 """Every supported megatron-core as an oracle, each in its own interpreter: 0.16.1 is the test
 environment's own (Python 3.11); 0.17.1, 0.18.2 and 0.19.2 live in the Python 3.12 environment that
 tests/megatron_oracles.sh builds (run_all.sh runs it). ``ask(version, request)`` runs
-tests/support/oracle_worker.py there."""
+tests/support/oracle_worker.py there.
+
+0.20 is Megatron-LM main, which has no wheel: its oracle is the data tests/support/record_megatron_main.py
+recorded from a checkout (tests/data/megatron-main, ``recorded_main``). A live main oracle runs only
+where MEGACACHE_MEGATRON_MAIN is a Megatron-LM main checkout (its datasets helpers compiled), in the
+Python 3.12 environment (with gigatoken installed there for --use-gigatoken). The variable is a
+PYTHONPATH, the checkout first; megacache's own process gets it too in test_megatron_python.py, so
+it must not hold packages built for Python 3.12 only."""
 
 from __future__ import annotations
 
@@ -12,15 +19,24 @@ import sys
 
 import pytest
 
-from megacache.megatron.versions import SUPPORTED
+from megacache.megatron.versions import SUPPORTED, UNRELEASED
 
-#: the release each supported version is tested against
+#: the release each released version is tested against
 RELEASES = {"0.16": "0.16.1", "0.17": "0.17.1", "0.18": "0.18.2", "0.19": "0.19.2"}
-assert tuple(RELEASES) == SUPPORTED
+assert tuple(RELEASES) + UNRELEASED == SUPPORTED
 ROOT = os.environ.get("MEGACACHE_ORACLES", os.path.expanduser("~/.cache/megacache/megatron-oracles"))
 #: this folder: the scripts each oracle runs (oracle_worker.py, megatron_rank.py) live here
 SUPPORT = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(SUPPORT, "oracle_worker.py")
+#: what record_megatron_main.py recorded from Megatron-LM main (the unreleased version)
+MAIN_DATA = os.path.join(os.path.dirname(SUPPORT), "data", "megatron-main")
+MAIN_PATH = os.environ.get("MEGACACHE_MEGATRON_MAIN")
+
+
+def recorded_main(name: str) -> dict:
+    """tests/data/megatron-main/``name``: what Megatron-LM main answered, and the commit it ran at."""
+    with open(os.path.join(MAIN_DATA, name), encoding="utf-8") as f:
+        return json.load(f)
 
 
 def interpreter(version: str) -> tuple[str, dict]:
@@ -30,10 +46,16 @@ def interpreter(version: str) -> tuple[str, dict]:
     env.pop("PYTHONPATH", None)
     if version == "0.16":
         return sys.executable, env
+    if version in UNRELEASED and not MAIN_PATH:
+        pytest.skip(f"no live megatron-core {version} (Megatron-LM main) oracle: set MEGACACHE_MEGATRON_MAIN to a "
+                    f"checkout (the recorded data in tests/data/megatron-main is checked without it)")
     python = os.path.join(ROOT, "py312", "bin", "python")
     if not os.path.isfile(os.path.join(ROOT, "spec.txt")):
-        pytest.skip(f"megatron-core {RELEASES[version]} oracle not built: run bash tests/megatron_oracles.sh")
-    if version != "0.19":
+        pytest.skip(f"megatron-core {RELEASES.get(version, version)} oracle not built: run bash "
+                    f"tests/megatron_oracles.sh")
+    if version in UNRELEASED:
+        env["PYTHONPATH"] = MAIN_PATH
+    elif version != "0.19":
         env["PYTHONPATH"] = os.path.join(ROOT, f"mcore-{RELEASES[version]}")
     return python, env
 
@@ -46,5 +68,8 @@ def ask(version: str, request: dict, timeout: float = 1200) -> list:
     if done.returncode != 0:
         raise AssertionError(f"megatron-core {version} oracle failed:\n{done.stderr[-4000:]}")
     answer = json.loads(done.stdout.rsplit("\n", 1)[-1])
-    assert answer["version"] == RELEASES[version], answer["version"]
+    if version in UNRELEASED:  # a checkout's version carries its commit: 0.20.0+d98e8a64dd
+        assert answer["version"].startswith(f"{version}."), answer["version"]
+    else:
+        assert answer["version"] == RELEASES[version], answer["version"]
     return answer["results"]

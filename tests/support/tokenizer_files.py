@@ -12,10 +12,25 @@ CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, tokenizer
           "pack my box with five dozen liquor jugs", "ünïcödé and <|endoftext|> here"] * 20
 
 
+#: metadata naming a class (Megatron-LM main, 0.20, imports ``class_path``.``class_name``): what main's
+#: write_metadata writes, the package that re-exports that class, a class of the text models package
+#: main removed, a name without a path; what 0.19's write_metadata wrote; 0.16-0.19's tokenizer_class key
+CLASS_METADATA = {
+    "class_text": {"class_name": "MegatronTokenizerText", "class_path": "megatron.core.tokenizers.text.text_tokenizer",
+                   "chat_template": None},
+    "class_text_package": {"class_name": "MegatronTokenizerText", "class_path": "megatron.core.tokenizers.text"},
+    "class_gpt": {"class_name": "GPTTokenizer", "class_path": "megatron.core.tokenizers.text.models.gpt_tokenizer"},
+    "class_without_path": {"class_name": "MegatronTokenizerText"},
+    "written_by_019": {"class_name": None, "class_path": None, "model_type": "gpt", "chat_template": None},
+    "tokenizer_class": {"tokenizer_class": True, "tokenizer_class_path": "x", "tokenizer_class_name": "Y"},
+}
+
+
 def write_tokenizer_files(root: Path) -> None:
     """Tokenizer files trained here: a byte-level BPE (Hugging Face directory ``hf`` and GPT-2
     ``gpt2files/{vocab.json,merges.txt}``), a WordPiece ``bertfiles/vocab.txt``, the hub-named
-    folders Megatron's GPT-2/BERT wrappers load, and ``meta_<library>_<model_type>.json`` metadata."""
+    folders Megatron's GPT-2/BERT wrappers load, and ``meta_<library>_<model_type>.json`` and
+    ``meta_<library>_<CLASS_METADATA key>.json`` metadata."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     bpe = Tokenizer(models.BPE())
@@ -49,6 +64,8 @@ def write_tokenizer_files(root: Path) -> None:
             (root / f"meta_{library}_{model_type}.json").write_text(
                 json.dumps({"library": library, "model_type": model_type}))
         (root / f"meta_{library}.json").write_text(json.dumps({"library": library}))
+        for name, metadata in CLASS_METADATA.items():
+            (root / f"meta_{library}_{name}.json").write_text(json.dumps({"library": library, **metadata}))
     write_sentencepiece_model(root / "sp.model")
     write_tiktoken_ranks(root / "ranks.json", bpe)
 
