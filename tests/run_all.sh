@@ -20,7 +20,7 @@ else
 fi
 # The newer oracles (a few minutes the first time; reused afterwards).
 bash tests/megatron_oracles.sh
-# --- Megatron-Bridge oracle (tests/conformance/test_bridge.py): Bridge 0.6.2 on that environment's
+# The Megatron-Bridge oracle (tests/conformance/test_bridge.py): Bridge 0.6.2 on that environment's
 # megatron-core 0.19.2; a few minutes the first time, reused afterwards. Its tests skip without it.
 bash tests/bridge_oracle.sh || echo "Megatron-Bridge oracle not built: tests/conformance/test_bridge.py will skip"
 export PYTHONWARNINGS=ignore
@@ -29,4 +29,5 @@ for n in 2 3; do
   mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi tests
 done
 echo "=== serial tests"
-python -m pytest -q -p no:cacheprovider tests "$@"
+# the slowest tests listed: CI's time is a budget
+python -m pytest -q -p no:cacheprovider --durations=25 tests "$@"
