@@ -44,7 +44,9 @@ def add_flags(group, flags: Sequence[Flag]) -> None:
     (``given_flags`` collects the rest) so that the chosen version's defaults apply."""
     for f in flags:
         note = "" if f.versions == f"{SUPPORTED[0]} to {SUPPORTED[-1]}" else f"(Megatron-LM {f.versions} only)"
-        kw: dict = dict(dest=f.dest, default=argparse.SUPPRESS, help=" ".join(filter(None, (f.help, note))) or None)
+        default = f"(default {f.default})" if f.default is not None and f.kind not in ("true", "false") else ""
+        kw: dict = dict(dest=f.dest, default=argparse.SUPPRESS,
+                        help=" ".join(filter(None, (f.help, default, note))) or None)
         if f.kind in ("true", "false"):
             kw["action"] = "store_true" if f.kind == "true" else "store_false"
         else:

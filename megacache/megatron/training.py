@@ -27,15 +27,16 @@ DEFAULT_SEED = 1234
 
 #: the training flags that size the splits
 SIZE_FLAGS = (
-    Flag(("--train-samples",), "int"),
-    Flag(("--train-iters",), "int"),
-    Flag(("--global-batch-size",), "int"),
-    Flag(("--eval-iters",), "int", default=100),
+    Flag(("--train-samples",), "int", help="training samples (else --train-iters x --global-batch-size)"),
+    Flag(("--train-iters",), "int", help="training iterations (with --global-batch-size)"),
+    Flag(("--global-batch-size",), "int", help="samples per iteration"),
+    Flag(("--eval-iters",), "int", default=100, help="iterations per evaluation, and of the test split"),
     Flag(("--eval-interval",), "int", help="required unless --full-validation or --skip-train"),
-    Flag(("--full-validation",), "true", default=False),
-    Flag(("--skip-train",), "true", default=False),
-    Flag(("--eval-global-batch-size",), "int", since="0.18"),
-    Flag(("--start-eval-at-iter",), "int", since="0.18"),
+    Flag(("--full-validation",), "true", default=False, help="validate on the whole valid split (one epoch)"),
+    Flag(("--skip-train",), "true", default=False, help="evaluation only: one evaluation's valid samples"),
+    Flag(("--eval-global-batch-size",), "int", since="0.18", help="samples per evaluation iteration (default: "
+         "--global-batch-size)"),
+    Flag(("--start-eval-at-iter",), "int", since="0.18", help="the first iteration evaluated"),
 )
 
 
