@@ -247,7 +247,7 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
 def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
     """The build of a Megatron-LM training run's flags."""
     from .builders.build import BuildConfig
-    from .megatron.blends import blend_from_flags, check_prefixes_exist
+    from .megatron.blends import blend_from_flags
     from .algorithms.blend_sizes import DEFAULT_SURPLUS
     from .megatron.flags import given_flags
     from .megatron.training import DEFAULT_SEED, DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
@@ -259,9 +259,7 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
         raise MegacacheError("--dataloader-fast-cache-load and --data-path cannot be used together (megatron-core "
                              "asserts): give the data per split (--per-split-data-args-path or "
                              "--train/valid/test-data-path)")
-    # The most basic problem first: datasets that are not there (one process looks).
-    prefixes = [p for b in ([blend] if blend else [b for b in per_split if b]) for p in b.prefixes]
-    comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(prefixes)), "looking for the datasets")
+    _check_datasets(blend, per_split, comm)  # the most basic problem first
     if args.seq_length is None:
         raise MegacacheError("--seq-length is required (training's sequence length: it is hashed)")
     split = args.split if args.split is not None or per_split else DEFAULT_SPLIT
@@ -278,6 +276,15 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
                        rebuild_stale=args.rebuild_stale, sequences_path=args.per_dataset_sequences_path)
 
 
+def _check_datasets(blend, per_split, comm: Comm) -> None:
+    """Every dataset of the blend or per-split blends is there (one process looks)."""
+    from .megatron.blends import check_prefixes_exist
+
+    blends = [blend] if blend else [b for b in per_split if b]
+    comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(p for b in blends for p in b.prefixes)),
+                 "looking for the datasets")
+
+
 #: the build flags that describe a Megatron-LM run, which a Bridge configuration describes instead
 _MEGATRON_LM_RUN = ("data_path", "data_args_path", "train_data_path", "valid_data_path", "test_data_path",
                     "per_split_data_args_path", "split", "seq_length", "seed", "data_cache_path",
@@ -290,7 +297,6 @@ _MEGATRON_LM_RUN = ("data_path", "data_args_path", "train_data_path", "valid_dat
 def _bridge_config(args: argparse.Namespace, comm: Comm):
     """The build of a Megatron-Bridge ConfigContainer (its YAML): everything from the file."""
     from .builders.build import BuildConfig
-    from .megatron.blends import check_prefixes_exist
     from .megatron.flags import given_flags
     from .megatron.tokenizer import TOKENIZER_FLAGS
     from .megatron.training import SIZE_FLAGS
@@ -303,8 +309,7 @@ def _bridge_config(args: argparse.Namespace, comm: Comm):
     cfg = comm.on_root(lambda: BuildConfig.from_bridge(args.bridge_config, args.megatron_version,
                                                        rebuild_stale=args.rebuild_stale),
                        f"reading {args.bridge_config}")
-    prefixes = [p for b in ([cfg.blend] if cfg.blend else [b for b in cfg.blend_per_split if b]) for p in b.prefixes]
-    comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(prefixes)), "looking for the datasets")
+    _check_datasets(cfg.blend, cfg.blend_per_split, comm)
     return cfg
 
 

@@ -56,6 +56,22 @@ def add_flags(group, flags: Sequence[Flag]) -> None:
         group.add_argument(*f.names, **kw)
 
 
+def flag_words(flags: Sequence[Flag], values: Mapping) -> list[str]:
+    """``values`` (destinations and values) as the command-line words that give them, leaving out
+    each value that is its flag's default."""
+    words = []
+    for f in flags:
+        if f.dest not in values or values[f.dest] == f.default:
+            continue
+        value = values[f.dest]
+        words.append(f.names[0])
+        if f.kind == "list":
+            words += [str(v) for v in value]
+        elif f.kind not in ("true", "false"):
+            words.append(str(value))
+    return words
+
+
 def given_flags(args: argparse.Namespace, flags: Sequence[Flag]) -> dict:
     return {f.dest: getattr(args, f.dest) for f in flags if hasattr(args, f.dest)}
 

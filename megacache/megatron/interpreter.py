@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ..errors import MegacacheError
-from .flags import resolve_flags
+from .flags import flag_words, resolve_flags
 from .tokenizer import TOKENIZER_FLAGS, special_tokens, tokenizer_identifiers
 from .versions import SUPPORTED, at_least, minor_of, normalize, resolve
 
@@ -57,30 +57,12 @@ def attributes(version: str, given: dict) -> dict:
     return {**args, **_PADDING}
 
 
-def flag_words(given: dict) -> list[str]:
-    """The flags ``given`` (destinations and values) as command-line words."""
-    words = []
-    for f in TOKENIZER_FLAGS:
-        if f.dest not in given:
-            continue
-        value = given[f.dest]
-        if f.kind in ("true", "false"):
-            if value != f.default:
-                words.append(f.names[0])
-            continue
-        if value is None:
-            continue
-        words.append(f.names[0])
-        words += [str(v) for v in value] if f.kind == "list" else [str(value)]
-    return words
-
-
 def ask(python: str, cases: list[dict], timeout_s: float = 600) -> dict:
     """The worker's answer for the tokenizer flags of each case: ``version``, and ``answers`` (per
     case ``identifiers`` or ``error``) or ``error``."""
     # megacache's defaults for every version it knows; the worker takes its own version's, or the
     # newest's for a Megatron newer than the table.
-    request = {"cases": [{"words": flag_words(given),
+    request = {"cases": [{"words": flag_words(TOKENIZER_FLAGS, given),
                           "attributes": {v: attributes(v, given) for v in SUPPORTED if _version_has(v, given)}}
                          for given in cases]}
     try:

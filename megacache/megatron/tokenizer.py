@@ -24,7 +24,7 @@ import json
 import shlex
 
 from ..errors import InputError, MegacacheError
-from .flags import Flag, resolve_flags, without_defaults
+from .flags import Flag, flag_words, resolve_flags, without_defaults
 from .versions import SUPPORTED, at_least, resolve
 
 #: ``--tokenizer-type`` choices of Megatron-LM's arguments.py (the same in every supported version).
@@ -355,15 +355,7 @@ def _flags_of(text: str, version: str) -> str | None:
         derived["class"] = ids["class"]  # what a metadata file with that model_type gives
     if list(derived.items()) != list(ids.items()):
         return None
-    words = []
-    for f in TOKENIZER_FLAGS:
-        if f.dest in flags and flags[f.dest] != f.default:
-            value = flags[f.dest]
-            words.append(f.names[0])
-            if f.kind == "list":
-                words += [shlex.quote(v) for v in value]
-            elif f.kind not in ("true", "false"):
-                words.append(shlex.quote(str(value)))
+    words = [shlex.quote(w) for w in flag_words(TOKENIZER_FLAGS, flags)]  # flag names are shell-safe as they are
     if model_type is not None and ids.get("tokenizer_path") is not None and not flags.get("legacy_tokenizer"):
         words.append(f"--tokenizer-metadata FILE (model_type {model_type})")
     return " ".join(words)

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from megacache.errors import MegacacheError
-from megacache.megatron.interpreter import asked_identifiers, differences, flag_words
-from megacache.megatron.tokenizer import tokenizer_identifiers
+from megacache.megatron.flags import flag_words
+from megacache.megatron.interpreter import asked_identifiers, differences
+from megacache.megatron.tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
 from megacache.megatron.versions import SUPPORTED
 from support.oracle import write_lengths
 
@@ -147,7 +148,7 @@ def _without_megatron(empty):
 
 
 def test_flag_words():
-    assert flag_words(dict(tokenizer_type="NullTokenizer", vocab_size=7, tokenizer_special_tokens=["a", "b"],
+    assert flag_words(TOKENIZER_FLAGS, dict(tokenizer_type="NullTokenizer", vocab_size=7, tokenizer_special_tokens=["a", "b"],
                            tokenizer_hf_no_use_fast=True, trust_remote_code=False, tokenizer_model=None)) == [
         "--tokenizer-type", "NullTokenizer", "--vocab-size", "7", "--tokenizer-special-tokens", "a", "b",
         "--tokenizer-hf-no-use-fast"]
