@@ -317,6 +317,7 @@ def _dry_run(cfg, comm: Comm, verbose: bool, as_json: bool) -> None:
     """Every entry the build would write, its files and their state; nothing written, no lock."""
     import json
 
+    from .builders.blend import BlendTask
     from .builders.build import inventory
 
     planned, states, others = inventory(cfg, comm)
@@ -344,7 +345,7 @@ def _dry_run(cfg, comm: Comm, verbose: bool, as_json: bool) -> None:
           + ", ".join(f"{n} {state}" for state, n in counts.items()) + "); nothing written", flush=True)
     for s in states:
         e = s.item.entry
-        source = (f"blend of {len(s.item.children)} datasets" if s.item in planned.blends
+        source = (f"blend of {len(s.item.children)} datasets" if isinstance(s.item, BlendTask)
                   else s.item.data_path)
         requested = _requested(e)
         asked = (" (one epoch)" if requested is None else "" if requested == s.samples else

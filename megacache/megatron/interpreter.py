@@ -63,7 +63,7 @@ def ask(python: str, cases: list[dict], timeout_s: float = 600) -> dict:
     # megacache's defaults for every version it knows; the worker takes its own version's, or the
     # newest's for a Megatron newer than the table.
     request = {"cases": [{"words": flag_words(TOKENIZER_FLAGS, given),
-                          "attributes": {v: attributes(v, given) for v in SUPPORTED if _version_has(v, given)}}
+                          "attributes": _attributes_by_version(given)}
                          for given in cases]}
     try:
         done = subprocess.run([python, WORKER], input=json.dumps(request), capture_output=True, text=True,
@@ -90,12 +90,15 @@ def ask(python: str, cases: list[dict], timeout_s: float = 600) -> dict:
     return answer
 
 
-def _version_has(version: str, given: dict) -> bool:
-    try:
-        resolve_flags(TOKENIZER_FLAGS, version, given)
-    except MegacacheError:
-        return False
-    return True
+def _attributes_by_version(given: dict) -> dict:
+    """``attributes`` for every supported version that has all the flags ``given``."""
+    out = {}
+    for version in SUPPORTED:
+        try:
+            out[version] = attributes(version, given)
+        except MegacacheError:  # a flag this version lacks
+            pass
+    return out
 
 
 def asked_identifiers(python: str, given: dict, requested: str | None = None) -> Identity:
