@@ -48,6 +48,7 @@ def run_both(mcore, comm, workdir: str, c: dict) -> str:
     theirs_error = None
     if comm.rank == 0 and not hang:
         theirs_error = megatron_cache(mcore, prefix, c, os.path.join(workdir, "theirs"))
+    comm.wait_quietly()  # while the oracle runs on rank 0
     theirs_error = comm.bcast(theirs_error)
     cfg = prefix_build_config(c, prefix, os.path.join(workdir, "ours"))
     result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refuse=bool(hang or theirs_error))

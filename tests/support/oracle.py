@@ -98,11 +98,14 @@ def sweep_configurations(comm, configurations, run) -> dict[str, int]:
     it returns."""
     outcomes: dict[str, int] = {}
     for c in configurations:
+        # Rank 0 alone deletes, creates and (in ``run``) runs the oracle: MPICH's blocking calls poll
+        # at full speed, so the other ranks wait quietly rather than take its core.
+        comm.wait_quietly()
         workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-sweep-") if comm.rank == 0 else None)
         try:
             label = run(workdir, c)
         finally:
-            comm.barrier()
+            comm.wait_quietly()
             if comm.rank == 0:
                 shutil.rmtree(workdir)
         outcomes[label] = outcomes.get(label, 0) + 1
