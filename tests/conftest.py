@@ -35,8 +35,21 @@ def modalities():
     return oracle
 
 
-#: lines a test wants in the run's output whether it passes or not (the fault-injection trial counts)
+#: lines tests asked for in the run's summary, gathered from their reports (which pytest-xdist
+#: sends from its workers to the process that prints the summary)
 REPORTS: list[str] = []
+
+
+@pytest.fixture
+def report(request):
+    """``report(line)``: a line for the run's summary whether the test passes or not (the
+    fault-injection trial counts)."""
+    return lambda line: request.node.user_properties.append(("report", line))
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "teardown":
+        REPORTS.extend(line for key, line in report.user_properties if key == "report")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -49,10 +62,21 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="session")
 def compiled_kernels(tmp_path_factory) -> str:
     """A directory holding megacache's kernels compiled natively for this CPU (what ``megacache
-    kernels`` makes), the session's own."""
+    kernels`` makes), the test run's own: compiled once, by the first pytest-xdist worker that
+    needs it (tens of CPU seconds), the others waiting on a lock."""
+    import fcntl
+
     from megacache import kernels
 
-    return os.path.dirname(kernels.compile_library(str(tmp_path_factory.mktemp("kernels"))))
+    base = tmp_path_factory.getbasetemp()
+    run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    directory = run / "kernels"
+    with open(run / "kernels.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(kernels.library_path(str(directory))):
+            directory.mkdir(exist_ok=True)
+            kernels.compile_library(str(directory))
+    return str(directory)
 
 
 @pytest.fixture(params=["jit", "native"])

@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
 # Install megacache with its test dependencies and run the whole suite: the MPI tests under
-# 2 and 3 ranks, then the serial tests (which also launch real mpiexec jobs of 1-4 ranks).
+# 2 and 3 ranks, then the serial tests (which also launch real mpiexec jobs of 1-4 ranks). The
+# output ends on one line: each tier's pytest summary.
 # megatron-core 0.16.1 is the oracle in this interpreter; 0.17.1, 0.18.2 and 0.19.2 (Python 3.12
 # wheels only) in the environment tests/megatron_oracles.sh builds once and reuses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # torch first, pinned: a looser requirement with no torch installed pulls GBs of CUDA wheels.
-python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e '.[test]'
+pip_install() {
+  python -m pip install -q --disable-pip-version-check --no-warn-script-location --root-user-action=ignore "$@"
+}
+pip_install torch==2.13.0
+pip_install -e '.[test]'
 # The .pbin oracle, without its training stack (wandb, omegaconf, ...): its packer and readers need
 # only what .[test] installed.
-python -m pip install -q --disable-pip-version-check --no-deps modalities==0.5.0
+pip_install --no-deps modalities==0.5.0
 # A one-node Slurm for tests/system/test_slurm.py (installs slurm-wlm + munge; needs root, else that test skips).
 # A failed start does not fail the run: the test then skips, saying why.
 if [ "$(id -u)" = 0 ]; then
@@ -24,10 +28,28 @@ bash tests/megatron_oracles.sh
 # megatron-core 0.19.2; a few minutes the first time, reused afterwards. Its tests skip without it.
 bash tests/bridge_oracle.sh || echo "Megatron-Bridge oracle not built: tests/conformance/test_bridge.py will skip"
 export PYTHONWARNINGS=ignore
+# The tests' files on tmpfs where there is room: the sweeps create and delete hundreds of thousands
+# of small files, which a disk makes slow after mass deletes; the bytes compared are the same.
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ "$(df -Pk /dev/shm | awk 'NR == 2 {print $4}')" -gt $((8 << 20)) ]; then
+  TMPDIR=$(mktemp -d /dev/shm/megacache-tests.XXXXXX)
+  export TMPDIR
+  trap 'rm -rf "$TMPDIR"' EXIT
+fi
+started=$SECONDS
+summary=()
+tier() {  # tier NAME COMMAND...: run one tier, keep pytest's last line for the summary
+  local name=$1 log
+  shift
+  echo "=== $name"
+  log=$(mktemp)
+  "$@" 2>&1 | tee "$log"
+  summary+=("$name: $(grep -E '(passed|failed|error)' "$log" | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//' || true)")
+  rm -f "$log"
+}
 for n in 2 3; do
-  echo "=== MPI tests on $n ranks"
-  mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi tests
+  tier "MPI tests on $n ranks" mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi tests
 done
-echo "=== serial tests"
-# the slowest tests listed: CI's time is a budget
-python -m pytest -q -p no:cacheprovider --durations=25 tests "$@"
+# Two pytest-xdist workers, whole files to each (a file's module fixtures, often oracle runs, are
+# made once); the slowest tests listed: CI's time is a budget.
+tier "serial tests" python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests "$@"
+echo "megacache tests passed in $(( (SECONDS - started) / 60 )) min: $(IFS=';'; echo "${summary[*]}" | sed 's/;/; /g')"

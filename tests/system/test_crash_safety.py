@@ -20,7 +20,6 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from conftest import REPORTS
 from support.corpus import children, documents, processes, write_jsonl
 from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig, build
@@ -107,7 +106,7 @@ def kill_one_rank(workload: Workload, rng: np.random.Generator) -> str:
     return landed
 
 
-def run_trials(workload: Workload, reference: dict[str, bytes], seed: int) -> str:
+def run_trials(workload: Workload, reference: dict[str, bytes], seed: int, report: Callable[[str], None]) -> str:
     rng = np.random.default_rng(seed)
     outcomes: dict[str, int] = {}
     kills = 0
@@ -132,7 +131,7 @@ def run_trials(workload: Workload, reference: dict[str, bytes], seed: int) -> st
     summary = (f"{workload.name}: {trial} trials, {kills} ranks killed mid-job, every visible file equal to an "
                f"uninterrupted run's, every rerun byte-identical; kills landed in: "
                + ", ".join(f"{k} x{v}" for k, v in sorted(outcomes.items())))
-    REPORTS.append(summary)
+    report(summary)
     assert kills >= TRIALS, summary
     return summary
 
@@ -212,7 +211,7 @@ def blend_workload(tmp) -> tuple[Workload, dict[str, bytes]]:
 
 @pytest.mark.parametrize("make,seed", [(tokenize_workload, 1), (gpt_workload, 2), (blend_workload, 3)],
                          ids=["tokenize", "build", "blend"])
-def test_kill_one_rank_at_a_random_moment(tmp_path, make, seed):
+def test_kill_one_rank_at_a_random_moment(tmp_path, make, seed, report):
     workload, reference = make(tmp_path)
     assert reference, "the reference run wrote nothing"
-    run_trials(workload, reference, seed)
+    run_trials(workload, reference, seed, report)
