@@ -5,7 +5,7 @@ Run from the repository root::
     python -m benchmarks run --suite quick|full|smoke|scale [--ranks 1,2,4,8] [--factor F ...] [--repeats N]
                              [--only WORKLOAD ...] [--results FILE]
     python -m benchmarks report [--results FILE] [--suite NAME] [--readme README.md]  # plots + TABLE.md (+ README table) from the file alone
-    python -m benchmarks scale-report [--results FILE] [--readme README.md]  # SCALE.md: one workload against its size
+    python -m benchmarks scale-report [--results FILE] [--doc docs/benchmarks.md]  # SCALE.md (+ that file's scale table): one workload against its size
     python -m benchmarks project [--results FILE] [--scale-results FILE] [--output FILE]   # docs/benchmarks-projection.md
     python -m benchmarks floor [--factor F] [--ranks P] [--repeats N] [--results FILE]  # the build (and megatron-core's) beside its start-up and its files alone
 

@@ -44,11 +44,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", help="only this suite's records (default: each workload's latest)")
     p.add_argument("--readme", metavar="PATH", help="also rewrite the summary table between the benchmark markers "
                                                     "of this README")
-    p = sub.add_parser("scale-report", help="SCALE.md next to the results file (and the README's scale table): "
-                                            "time, phases and memory against the size, fitted growth")
+    p = sub.add_parser("scale-report", help="SCALE.md next to the results file (and the scale table of "
+                                            "docs/benchmarks.md): time, phases and memory against the size, "
+                                            "fitted growth")
     p.add_argument("--results", default=SCALE_RESULTS)
-    p.add_argument("--readme", metavar="PATH", help="also rewrite the scale table between the scale markers of "
-                                                    "this README")
+    p.add_argument("--doc", metavar="PATH", help="also rewrite the scale table between the scale markers of this "
+                                                 "Markdown file (docs/benchmarks.md)")
     p = sub.add_parser("project", help="write the 5e12-token projection from the measured phase costs")
     p.add_argument("--results", default=DEFAULT_RESULTS)
     p.add_argument("--scale-results", default=SCALE_RESULTS,
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "scale-report":
             from . import report
 
-            print("wrote " + ", ".join(report.write_scale_report(args.results, readme=args.readme)))
+            print("wrote " + ", ".join(report.write_scale_report(args.results, doc=args.doc)))
         else:
             from . import project
 

@@ -209,7 +209,8 @@ README_END = "<!-- benchmarks table: end -->"
 
 def readme_table(records: list[dict], results: str) -> str:
     """The README's summary: per workload, each side's median wall time and megacache's ratio to
-    megatron-core, then the workload's figure of merit against its bar; from the results alone."""
+    megatron-core; from the results alone. Dates, sizes and bars stay in ``TABLE.md`` (``table``):
+    the README is a user's guide, not a record of runs."""
     ranks = sorted({p for r in records for p in _ranks(r)})
     lines = [
         README_START,
@@ -232,21 +233,21 @@ def readme_table(records: list[dict], results: str) -> str:
                          f"{s['rss_max_kb'] / 2**20:.2f} GiB")
         lines.append(f"| `{r['workload']}` ({r['suite']}, factor {r['factor']:g}, {r['repeats']} repeat(s)) | "
                      f"{ref['wall_s']:.1f} s, {ref['rss_max_kb'] / 2**20:.2f} GiB | " + " | ".join(cells) + " |")
-    lines += ["", "Wall time from outside (median), its ratio to megatron-core's, and the largest rank's peak RSS."]
-    for r in records:
-        lines.append(f"- {_describe(r)} {_headline(r)}.")
-    lines.append(README_END)
+    details = os.path.join(os.path.dirname(shown(results)), "TABLE.md")
+    lines += ["", "Wall time from outside (median), its ratio to megatron-core's, and the largest rank's peak RSS; "
+                  f"each workload's size, reference, bar, date and phases are in `{details}`.", README_END]
     return "\n".join(lines)
 
 
-def _replace_block(readme: str, start_marker: str, end_marker: str, block: str) -> None:
-    """Replace the block of ``readme`` from ``start_marker`` to ``end_marker`` (both included)."""
-    with open(readme) as f:
+def _replace_block(path: str, start_marker: str, end_marker: str, block: str) -> None:
+    """Replace the block of the Markdown file ``path`` from ``start_marker`` to ``end_marker`` (both
+    included)."""
+    with open(path) as f:
         text = f.read()
     start, end = text.find(start_marker), text.find(end_marker)
     if start < 0 or end < start:
-        raise SystemExit(f"{readme}: no '{start_marker}' ... '{end_marker}' block to replace")
-    with open(readme, "w") as f:
+        raise SystemExit(f"{path}: no '{start_marker}' ... '{end_marker}' block to replace")
+    with open(path, "w") as f:
         f.write(text[:start] + block + text[end + len(end_marker):])
 
 
@@ -352,15 +353,16 @@ def scale_table(records: list[dict], results: str) -> str:
     return "\n".join(lines)
 
 
-def write_scale_report(results: str, readme: str | None = None) -> list[str]:
-    """``SCALE.md`` next to ``results`` (and the README's scale block); returns the paths."""
+def write_scale_report(results: str, doc: str | None = None) -> list[str]:
+    """``SCALE.md`` next to ``results`` (and the scale block of ``doc``, a Markdown file such as
+    docs/benchmarks.md); returns the paths."""
     records = scale_records(results)
     text = scale_table(records, results)
     path = os.path.join(os.path.dirname(os.path.abspath(results)), "SCALE.md")
     with open(path, "w") as f:
         f.write("# Scale\n\n" + text + "\n")
     paths = [path]
-    if readme is not None:
-        _replace_block(readme, SCALE_START, SCALE_END, text)
-        paths.append(readme)
+    if doc is not None:
+        _replace_block(doc, SCALE_START, SCALE_END, text)
+        paths.append(doc)
     return [shown(p) for p in paths]

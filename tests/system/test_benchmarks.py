@@ -51,7 +51,8 @@ def test_smoke_suite_writes_results_plots_table_and_projection(tmp_path):
 
 def test_sizes_measured_in_one_run_give_the_scale_report(tmp_path):
     """Several factors in one run (what the scale suite does at 1, 3 and 10): a record per factor,
-    SCALE.md with a row per size and the fitted growth, and the README's scale block rewritten."""
+    SCALE.md with a row per size and the fitted growth, and the scale block of docs/benchmarks.md
+    (here a stand-in) rewritten."""
     results = str(tmp_path / "scale.jsonl")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "smoke", "--only", "build_blend",
@@ -66,12 +67,12 @@ def test_sizes_measured_in_one_run_give_the_scale_report(tmp_path):
         wall = r["megacache"]["2"]["median"]["wall_s"]
         assert re.search(rf"\| {r['factor']:g} \| 20 \| .* \| {wall:.1f} s \(", scale), scale
     assert re.search(r"\| megacache P=2 \| [0-9.]+x \| -?[0-9.]+ \| [0-9.]+x \| -?[0-9.]+ \|", scale), scale
-    readme = tmp_path / "README.md"
-    readme.write_text("a\n<!-- scale table: start -->\nold\n<!-- scale table: end -->\nb\n")
-    rep = subprocess.run([sys.executable, "-m", "benchmarks", "scale-report", "--results", results, "--readme",
-                          str(readme)], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("a\n<!-- scale table: start -->\nold\n<!-- scale table: end -->\nb\n")
+    rep = subprocess.run([sys.executable, "-m", "benchmarks", "scale-report", "--results", results, "--doc",
+                          str(doc)], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
     assert rep.returncode == 0, rep.stderr
-    text = readme.read_text()
+    text = doc.read_text()
     assert text.startswith("a\n<!-- scale table: start -->") and text.endswith("<!-- scale table: end -->\nb\n")
     assert "old" not in text and "Growth from factor 0.0002 to 0.001" in text
 

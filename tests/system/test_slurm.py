@@ -14,8 +14,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 START = "run slurm/start_single_node.sh (as root) to install and start a one-node Slurm"
-# The README's sample flags, with a split that leaves every split non-empty for 400 documents; its
-# spaces check that BUILD_ARGS keeps a quoted argument whole on its way through the batch script.
+# The sample job's build flags (tests/sample_job.sh, the README's first command), with a split that
+# leaves every split non-empty for 400 documents; its spaces check that BUILD_ARGS keeps a quoted
+# argument whole on its way through the batch script.
 SPLIT = "90, 5, 5"
 BUILD_FLAGS = ["--seq-length", "256", "--train-iters", "500", "--global-batch-size", "8", "--eval-iters", "5",
                "--eval-interval", "100", "--tokenizer-type", "NullTokenizer", "--vocab-size", "257"]
