@@ -21,6 +21,7 @@ import traceback
 
 from .comm import Comm, get_comm
 from .errors import JobCrashed, MegacacheError
+from .megatron.flags import add_flags, number_at_least
 
 _SIZE_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -30,29 +31,42 @@ def byte_size(text: str) -> int:
     m = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
     if not m:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 65536, 64M or 1G")
-    return int(m.group(1)) * _SIZE_SUFFIX[m.group(2).upper()]
+    size = int(m.group(1)) * _SIZE_SUFFIX[m.group(2).upper()]
+    if not size:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a size of at least 1 byte")
+    return size
+
+
+def nonempty(text: str) -> str:
+    """A path or name: '' is an error (else it would read as the flag not given, or as the current
+    directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("give a non-empty value")
+    return text
+
+
+#: argparse types of counts and amounts: a bad one is an error naming its flag when it is parsed
+positive = number_at_least(int, 1)
+count = number_at_least(int, 0)
+amount = number_at_least(float, 0)
+
+
+#: the Megatron-LM tokenizer flags tokenize reads, defined once with build's (same meaning and checks)
+_TOKENIZE_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file", "--merge-file", "--vocab-size",
+                   "--tokenizer-special-tokens", "--tiktoken-pattern", "--tiktoken-num-special-tokens")
 
 
 def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("tokenizer")
+    from .megatron.tokenizer import SUPPORTED_TYPES, TOKENIZER_FLAGS
+
+    g = p.add_argument_group("tokenizer", f"Megatron-LM's flags mean here what they mean to build and to training; "
+                                          f"--tokenizer-type is one of {', '.join(SUPPORTED_TYPES)}")
     g.add_argument("--tokenizer", metavar="SPEC",
                    help="'byte' (embedded, default), a tokenizer.json or a directory holding one, a BERT "
-                        "vocab.txt, or a directory with GPT-2 vocab.json + merges.txt")
-    g.add_argument("--tokenizer-type", help="Megatron's --tokenizer-type (HuggingFaceTokenizer, "
-                                            "GPT2BPETokenizer, BertWordPieceLowerCase, BertWordPieceCase, "
-                                            "SentencePieceTokenizer, GPTSentencePieceTokenizer, Llama2Tokenizer, "
-                                            "TikTokenizer, NullTokenizer)")
-    g.add_argument("--tokenizer-model", help="Megatron's --tokenizer-model (a Hugging Face file or directory, a "
-                                             "SentencePiece .model, a TikTokenizer .json rank file)")
-    g.add_argument("--vocab-file", help="Megatron's --vocab-file")
-    g.add_argument("--merge-file", help="Megatron's --merge-file")
-    g.add_argument("--vocab-size", type=int, help="Megatron's --vocab-size (NullTokenizer, TikTokenizer)")
-    g.add_argument("--tokenizer-special-tokens", nargs="+", metavar="TOKEN",
-                   help="Megatron's --tokenizer-special-tokens (Hugging Face types, TikTokenizer)")
-    g.add_argument("--tiktoken-pattern", choices=("v1", "v2"), help="Megatron's --tiktoken-pattern (default v2)")
-    g.add_argument("--tiktoken-num-special-tokens", type=int, default=1000,
-                   help="Megatron's --tiktoken-num-special-tokens (default 1000)")
-    g.add_argument("--eod-id", type=int, help="end-of-document id, overriding the tokenizer's own")
+                        "vocab.txt, or a directory with GPT-2 vocab.json + merges.txt; with --tokenizer-type, "
+                        "it stands in for the file flags not given")
+    add_flags(g, [f for f in TOKENIZER_FLAGS if f.names[0] in _TOKENIZE_FLAGS], defaults=True)
+    g.add_argument("--eod-id", type=count, help="end-of-document id, overriding the tokenizer's own")
 
 
 #: ``tokenize``'s exit status when the output is complete and exact but the fast backend disagreed
@@ -119,6 +133,9 @@ def _tokenizer_ids(args: argparse.Namespace, comm: Comm) -> tuple[str, dict]:
 
     given = given_flags(args, TOKENIZER_FLAGS)
     if args.tokenizer_identifiers or args.tokenizer_from_description:
+        if args.tokenizer_identifiers and args.tokenizer_from_description:
+            raise MegacacheError("give the tokenizer identity once: --tokenizer-identifiers or "
+                                 "--tokenizer-from-description, not both")
         if args.megatron_python:
             raise MegacacheError("--megatron-python asks your Megatron for the tokenizer identity: give it the "
                                  "tokenizer flags, not --tokenizer-identifiers or --tokenizer-from-description")
@@ -480,7 +497,6 @@ def build_parser() -> argparse.ArgumentParser:
     from .algorithms.blend_sizes import DEFAULT_SURPLUS
     from .backends import BACKENDS, DEFAULT_VERIFY_FRACTION
     from .megatron.training import DEFAULT_SEED
-    from .megatron.flags import add_flags
     from .megatron.tokenizer import TOKENIZER_FLAGS
     from .megatron.training import SIZE_FLAGS
 
@@ -489,20 +505,22 @@ def build_parser() -> argparse.ArgumentParser:
     width = max(map(len, VARIABLES)) + 2
     described = "\n".join(textwrap.fill(text, 100, initial_indent=f"  {name:<{width}}",
                                         subsequent_indent=" " * (width + 2)) for name, text in VARIABLES.items())
-    parser = argparse.ArgumentParser(prog="megacache", description=f"{__doc__}\nEnvironment:\n{described}",
+    parser = argparse.ArgumentParser(prog="megacache", description=f"{__doc__.strip()}\n\nEnvironment:\n{described}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"megacache {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tokenize", help="tokenize text into Megatron .bin/.idx datasets")
-    p.add_argument("--input", nargs="+", required=True, metavar="PATH",
+    p.add_argument("--input", nargs="+", required=True, metavar="PATH", type=nonempty,
                    help="files, directories or globs: .jsonl/.json, .txt, .parquet; .gz/.zst for the line formats")
-    p.add_argument("--output-prefix", required=True,
-                   help="writes {PREFIX}_{key}_document.bin/.idx (or {PREFIX}_{key}_document.pbin)")
+    p.add_argument("--output-prefix", required=True, metavar="PREFIX", type=nonempty,
+                   help="as Megatron's preprocess_data.py: writes {PREFIX}_{key}_document.bin/.idx (or "
+                        "{PREFIX}_{key}_document.pbin), one dataset per --json-keys key (unlike merge's "
+                        "--output-prefix, which is the dataset's own prefix)")
     p.add_argument("--output-format", choices=("megatron", "pbin"), default="megatron",
                    help="megatron (default): Megatron's .bin/.idx; pbin: Modalities' packed file, every "
                         "document ending with EOD as its packer ends them (--append-eod or not)")
-    p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY",
+    p.add_argument("--json-keys", nargs="+", default=["text"], metavar="KEY", type=nonempty,
                    help="one output dataset per key (default: text)")
     p.add_argument("--append-eod", action="store_true", help="append the EOD token to every non-empty document")
     _add_tokenizer_args(p)
@@ -510,12 +528,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip bad records (reported in the summary) instead of stopping at the first")
     p.add_argument("--unit-bytes", type=byte_size, default="64M",
                    help="size of a work unit of plain input (default 64M); units are resumable")
-    p.add_argument("--threads", type=int, help="tokenizer threads per rank (default: cores / ranks per node)")
+    p.add_argument("--threads", type=positive, help="tokenizer threads per rank (default: cores / ranks per node)")
     p.add_argument("--tokenizer-backend", choices=BACKENDS, default="auto",
                    help="auto (default): gigatoken where it loads the tokenizer and passes its self-test, "
                         "else the library Megatron uses; gigatoken: that or an error; hf: the library "
                         "Megatron uses. The bytes written are the same with each")
-    p.add_argument("--verify-fraction", type=float, default=DEFAULT_VERIFY_FRACTION, metavar="F",
+    p.add_argument("--verify-fraction", type=amount, default=DEFAULT_VERIFY_FRACTION, metavar="F",
                    help=f"fraction of documents gigatoken's output is checked on by encoding them again "
                         f"with the reference library (default {DEFAULT_VERIFY_FRACTION}); a unit that "
                         f"disagrees is redone with the reference and the exit status is "
@@ -523,13 +541,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--strict-backend", action="store_true",
                    help="stop with an error when gigatoken disagrees with the reference library (self-test or a "
                         "unit), instead of falling back to it")
-    p.add_argument("--log-interval", type=float, metavar="SECONDS",
+    p.add_argument("--log-interval", type=amount, metavar="SECONDS",
                    help="progress interval (default: 0.5 on a terminal, 30 otherwise; 0 disables)")
     p.set_defaults(func=_cmd_tokenize)
 
     p = sub.add_parser("build", help="build Megatron GPTDataset index caches (flags as in Megatron-LM training, "
                                      "or a Megatron-Bridge configuration)")
-    p.add_argument("--bridge-config", metavar="CONFIG.yaml",
+    p.add_argument("--bridge-config", metavar="CONFIG.yaml", type=nonempty,
                    help="a Megatron-Bridge ConfigContainer as Bridge writes it to YAML (cfg.to_yaml, or a "
                         "checkpoint's run_config.yaml): the data, split, sequence length, seed, cache path, "
                         "tokenizer and sample counts all come from it, as Bridge's first run computes them, "
@@ -538,18 +556,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data-path", nargs="+", metavar="WORD",
                    help="PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (a weighted blend), or PREFIX1 PREFIX2 ... "
                         "(blended by length); prefixes exactly as given to Megatron (they are hashed)")
-    g.add_argument("--data-args-path", metavar="FILE", help="a file holding the --data-path words")
+    g.add_argument("--data-args-path", metavar="FILE", type=nonempty, help="a file holding the --data-path words")
     g.add_argument("--train-data-path", nargs="+", metavar="WORD", help="the train split's own blend")
     g.add_argument("--valid-data-path", nargs="+", metavar="WORD", help="the valid split's own blend")
     g.add_argument("--test-data-path", nargs="+", metavar="WORD", help="the test split's own blend")
-    g.add_argument("--per-split-data-args-path", metavar="FILE.json",
+    g.add_argument("--per-split-data-args-path", metavar="FILE.json", type=nonempty,
                    help='JSON {"train": [...], "valid": [...], "test": [...]} of per-split words')
     p.add_argument("--split", help="as Megatron (default '969, 30, 1' with --data-path; spaces are hashed)")
     p.add_argument("--seq-length", type=int, help="training's --seq-length (required; hashed)")
-    p.add_argument("--seed", type=int, help=f"training's --seed (default {DEFAULT_SEED}; hashed)")
+    p.add_argument("--seed", type=int, help=f"training's --seed (default {DEFAULT_SEED}; hashed; not sample-corpus's "
+                                            f"--seed, which seeds the synthetic text)")
     p.add_argument("--data-cache-path", help="default: Megatron's <prefix>/cache/GPTDataset_indices (blends "
                                              "need it: Megatron caches blends only there)")
-    p.add_argument("--mid-level-dataset-surplus", type=float,
+    p.add_argument("--mid-level-dataset-surplus", type=amount,
                    help=f"extra samples each blended dataset is built with (default {DEFAULT_SURPLUS})")
     add_flags(p.add_argument_group("samples per split (Megatron-LM's training flags)"), SIZE_FLAGS)
     g = p.add_argument_group("Megatron-LM loading flags (accepted; the cache is the same with or without them)")
@@ -567,10 +586,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_version_arg(p)
     g = p.add_argument_group("tokenizer (hashed into the cache name; Megatron-LM's flags, as training is given them)")
     add_flags(g, TOKENIZER_FLAGS)
-    g.add_argument("--tokenizer-identifiers", metavar="FILE.json", help="the tokenizer's identifiers, verbatim")
-    g.add_argument("--tokenizer-from-description", metavar="PATH",
+    g.add_argument("--tokenizer-identifiers", metavar="FILE.json", type=nonempty,
+                   help="the tokenizer's identifiers, verbatim")
+    g.add_argument("--tokenizer-from-description", metavar="PATH", type=nonempty,
                    help="take the tokenizer entry of an existing Megatron ...-description.txt")
-    g.add_argument("--megatron-python", metavar="PYTHON",
+    g.add_argument("--megatron-python", metavar="PYTHON", type=nonempty,
                    help="ask the Megatron this interpreter imports (in this environment, so a Megatron-LM "
                         "checkout on PYTHONPATH counts) for the tokenizer identity, built from these flags by "
                         "its own build_tokenizer; it must agree with megacache's table where the table knows "
@@ -585,26 +605,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_build)
 
     p = sub.add_parser("merge", help="concatenate datasets in the order given (Megatron prefixes, or .pbin files)")
-    p.add_argument("prefixes", nargs="+", metavar="PREFIX|FILE.pbin")
-    p.add_argument("--output-prefix", required=True, metavar="PREFIX|FILE.pbin",
-                   help="the merged dataset, in the inputs' format")
+    p.add_argument("prefixes", nargs="+", metavar="PREFIX|FILE.pbin",
+                   help="the datasets to concatenate, in order: Megatron prefixes, or .pbin files")
+    p.add_argument("--output-prefix", required=True, metavar="PREFIX|FILE.pbin", type=nonempty,
+                   help="the merged dataset's own prefix (PREFIX.bin/.idx) or .pbin file, in the inputs' format "
+                        "(unlike tokenize's --output-prefix, nothing is appended to it)")
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("convert", help="a Megatron dataset as a Modalities .pbin, or a .pbin as a Megatron dataset")
     p.add_argument("source", metavar="SRC", help="a Megatron prefix, or a path ending in .pbin")
     p.add_argument("destination", metavar="DST", help="the other format: a path ending in .pbin, or a Megatron prefix")
-    p.add_argument("--vocab-size", type=int,
-                   help="choose the output's token size by its format's rule (Megatron: uint16 below 65500, "
-                        "else int32; .pbin: the bytes log2(vocab) bits take, 3 as 4); default: the source's "
-                        "tokens decide (uint16 <-> 2 bytes, int32 <-> 4 bytes, 1-byte .pbin -> uint16)")
+    p.add_argument("--vocab-size", type=positive,
+                   help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's), "
+                        "which here chooses the output's token size by its format's rule (Megatron: uint16 "
+                        "below 65500, else int32; .pbin: the bytes log2(vocab) bits take, 3 as 4); default: the "
+                        "source's tokens decide (uint16 <-> 2 bytes, int32 <-> 4 bytes, 1-byte .pbin -> uint16)")
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin) and cache directories for consistency; "
                                       "exit 0 only if all hold")
-    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|CACHE_DIR")
-    p.add_argument("--vocab-size", type=int, help="also check every token id is below this")
+    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|CACHE_DIR",
+                   help="a dataset prefix (or its .idx/.bin), a .pbin file, or a cache directory")
+    p.add_argument("--vocab-size", type=positive,
+                   help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's): "
+                        "here, also check that every token id is below it")
     _add_version_arg(p)
     p.set_defaults(func=_cmd_verify)
 
@@ -616,10 +642,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_inspect)
 
     p = sub.add_parser("sample-corpus", help="write the bundled synthetic sample corpus (jsonl)")
-    p.add_argument("--output-dir", required=True)
-    p.add_argument("--files", type=int, default=4)
-    p.add_argument("--documents", type=int, default=2000, help="documents per file")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", required=True, type=nonempty, help="writes shard_0.jsonl, shard_1.jsonl, ... here")
+    p.add_argument("--files", type=positive, default=4, help="files to write")
+    p.add_argument("--documents", type=positive, default=2000, help="documents per file")
+    p.add_argument("--seed", type=count, default=0,
+                   help="seeds the synthetic text (not build's --seed, which is training's)")
     p.set_defaults(func=_cmd_sample_corpus)
 
     p = sub.add_parser("kernels", help="compile megacache's kernels for this machine's CPU, once, so that builds start "
@@ -660,6 +687,13 @@ def main(argv: list[str] | None = None) -> int:
         # Raised on every rank alike (errors are agreed collectively), so rank 0 speaks for all.
         if comm.rank == 0:
             print(f"megacache {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as exc:
+        # The system's or the input's fault, not a bug (errors.is_bug); a command that did not check
+        # for it first, possibly on this rank alone, so the job goes down with it.
+        print(f"megacache {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        if comm.size > 1:
+            comm.abort(2)
         return 2
     except JobCrashed as exc:
         # A bug on some rank, agreed by all: rank 0 prints the failed ranks' tracebacks.

@@ -251,7 +251,7 @@ class TiktokenVocabulary(Tokenizer):
         except ImportError as exc:
             raise MegacacheError("TikTokenizer needs the 'tiktoken' package: pip install tiktoken") from exc
         pattern = pattern or TIKTOKEN_DEFAULT_PATTERN
-        vocab_size = TIKTOKEN_DEFAULT_VOCAB_SIZE if vocab_size is None else vocab_size
+        vocab_size = vocab_size or TIKTOKEN_DEFAULT_VOCAB_SIZE  # 0 too: Megatron passes it only when truthy
         check_tiktoken({"tiktoken_pattern": pattern, "tiktoken_num_special_tokens": num_special_tokens},
                        special_tokens)
         if not num_special_tokens < vocab_size:

@@ -24,24 +24,24 @@ def parse_split(split: str) -> list[float]:
     weight can be negative), missing weights are 0, and the weights are divided by their float64 sum.
     """
     if not isinstance(split, str):
-        raise MegacacheError(f"split must be a string such as '969,30,1', got {split!r}")
+        raise MegacacheError(f"--split must be a string such as '969,30,1', got {split!r}")
     runs = _NUMBER.findall(split)
     try:
         weights = [float(run) for run in runs]
     except ValueError:
         bad = next(run for run in runs if not _is_float(run))
-        raise MegacacheError(f"split {split!r}: {bad!r} is not a number") from None
+        raise MegacacheError(f"--split {split!r}: {bad!r} is not a number") from None
     if len(weights) > NUM_SPLITS:
         raise MegacacheError(
-            f"split {split!r} has {len(weights)} weights; give at most {NUM_SPLITS} (train, valid, test)"
+            f"--split {split!r} has {len(weights)} weights; give at most {NUM_SPLITS} (train, valid, test)"
         )
     weights += [0.0] * (NUM_SPLITS - len(weights))
     # Megatron normalises with a float64 numpy sum; the digits of the result are in the cache key.
     w = np.array(weights, dtype=np.float64)
     if not w.sum() > 0:
-        raise MegacacheError(f"split {split!r}: the weights sum to 0; at least one must be positive")
+        raise MegacacheError(f"--split {split!r}: the weights sum to 0; at least one must be positive")
     if not np.isfinite(w.sum()):
-        raise MegacacheError(f"split {split!r}: the weights are too large to add up in float64")
+        raise MegacacheError(f"--split {split!r}: the weights are too large to add up in float64")
     return (w / w.sum()).tolist()
 
 

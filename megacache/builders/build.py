@@ -147,7 +147,8 @@ def _check_sizes(cfg: BuildConfig) -> None:
         if n is not None:
             integer(f"the {name} sample count", n)
     if not 0 <= cfg.surplus < 1e6:  # NaN fails this too
-        raise MegacacheError(f"mid_level_dataset_surplus must be >= 0, got {cfg.surplus!r}")
+        raise MegacacheError(f"--mid-level-dataset-surplus (mid_level_dataset_surplus) must be >= 0, "
+                             f"got {cfg.surplus!r}")
 
 
 def _plan_requests(cfg: BuildConfig) -> tuple[list[GPTRequest], list[tuple]]:
@@ -281,8 +282,16 @@ def plan(cfg: BuildConfig, comm: Comm | None = None, decide_reuse: bool = True) 
     settings = cfg.settings
     settings.validate()
     _check_sizes(cfg)
+    if cfg.cache_dir == "":
+        raise MegacacheError("--data-cache-path '': megatron-core caches nothing under an empty path (every rank "
+                             "builds the indices in memory); give a directory, or leave the flag out for the "
+                             "default under each prefix")
     if cfg.cache_dir is not None and os.path.exists(cfg.cache_dir) and not os.path.isdir(cfg.cache_dir):
         raise MegacacheError(f"--data-cache-path {cfg.cache_dir}: exists and is not a directory; give a directory")
+    sequences = _sequences_path(cfg)
+    if sequences is not None and os.path.isdir(sequences):
+        raise MegacacheError(f"--per-dataset-sequences-path {sequences}: is a directory; give the path of the JSON "
+                             f"file to write, or '' for none")
     requests, blend_specs = _plan_requests(cfg)
     if blend_specs and cfg.cache_dir is None:
         raise MegacacheError(

@@ -140,11 +140,11 @@ def blend_from_flags(data_path: list[str] | None = None, data_args_path: str | N
                      per_split_data_args_path: str | None = None) -> tuple[Blend | None, list | None]:
     """``(blend, blend_per_split)`` from Megatron-LM's data flags, exactly one of them set."""
     split_data_paths = split_data_paths or (None, None, None)
-    whole = [f for f, v in (("--data-path", data_path), ("--data-args-path", data_args_path)) if v]
-    per_split = [f for f, v in (("--train/valid/test-data-path", any(split_data_paths)),
-                                ("--per-split-data-args-path", per_split_data_args_path)) if v]
-    if len(whole) + len(per_split) != 1:
-        given = whole + per_split
+    forms = [f for f, v in (("--data-path", data_path), ("--data-args-path", data_args_path),
+                            ("--per-split-data-args-path", per_split_data_args_path)) if v]
+    split_flags = [f"--{name}-data-path" for name, words in zip(SPLIT_NAMES, split_data_paths) if words]
+    if len(forms) + bool(split_flags) != 1:  # the three split flags are one form
+        given = forms + split_flags
         raise MegacacheError(
             "give the data as exactly one of --data-path, --data-args-path, --per-split-data-args-path "
             "or --train/valid/test-data-path" + (f" (got {', '.join(given)})" if given else ""))

@@ -5,6 +5,7 @@ error naming the versions that have it."""
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,10 @@ class Flag:
     until: str | None = None            # last version that has it
     default: object = None
     help: str = ""
+    #: the least value a number may take (None: any), and the values a string may take (None: any),
+    #: where no value outside them works in Megatron-LM either; checked when the flag is parsed
+    minimum: int | None = None
+    choices: tuple[str, ...] | None = None
 
     @property
     def dest(self) -> str:
@@ -39,18 +44,37 @@ class Flag:
         return have[0] if len(have) == 1 else f"{have[0]} to {have[-1]}"
 
 
-def add_flags(group, flags: Sequence[Flag]) -> None:
+def number_at_least(kind: type, minimum: float):
+    """An argparse type: a finite ``kind`` (int or float) of at least ``minimum``, so that a value
+    that means nothing (a negative count, NaN) is an error naming its flag."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (math.isfinite(value) and value >= minimum):
+            raise argparse.ArgumentTypeError(f"{text!r}: give a number of at least {minimum}")
+        return value
+
+    return parse
+
+
+def add_flags(group, flags: Sequence[Flag], defaults: bool = False) -> None:
     """``flags`` on an argparse group; a flag not given stays absent from the namespace
-    (``given_flags`` collects the rest) so that the chosen version's defaults apply."""
+    (``given_flags`` collects the rest) so that the chosen version's defaults apply, unless
+    ``defaults`` asks for each flag's own default there."""
     for f in flags:
         note = "" if f.versions == f"{SUPPORTED[0]} to {SUPPORTED[-1]}" else f"(Megatron-LM {f.versions} only)"
         default = f"(default {f.default})" if f.default is not None and f.kind not in ("true", "false") else ""
-        kw: dict = dict(dest=f.dest, default=argparse.SUPPRESS,
+        kw: dict = dict(dest=f.dest, default=f.default if defaults else argparse.SUPPRESS,
                         help=" ".join(filter(None, (f.help, default, note))) or None)
         if f.kind in ("true", "false"):
             kw["action"] = "store_true" if f.kind == "true" else "store_false"
         else:
-            kw["type"] = {"int": int, "float": float}.get(f.kind, str)
+            kind = {"int": int, "float": float}.get(f.kind, str)
+            kw["type"] = kind if f.minimum is None else number_at_least(kind, f.minimum)
+            if f.choices:
+                kw["choices"] = f.choices
             if f.kind == "list":
                 kw["nargs"] = "+"
         group.add_argument(*f.names, **kw)

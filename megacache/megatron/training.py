@@ -49,6 +49,9 @@ def split_sizes(megatron_version: str | None = None, **flags) -> tuple:
     eval_iters, interval = args["eval_iters"], args["eval_interval"]
     if train_samples is None and train_iters is None:
         raise MegacacheError("give --train-samples, or --train-iters with --global-batch-size")
+    if (train_iters and train_samples is not None) or (train_samples and train_iters is not None):
+        raise MegacacheError("give --train-samples or --train-iters, not both (Megatron-LM asserts: 'expected "
+                             "iteration-based training' or 'expected sample-based training')")
     for dest, value in args.items():
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             raise MegacacheError(f"--{dest.replace('_', '-')} must not be negative, got {value}")

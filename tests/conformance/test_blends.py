@@ -51,7 +51,7 @@ def test_bad_words_are_refused_with_the_reason(words, message):
 def test_exactly_one_data_form(tmp_path):
     with pytest.raises(MegacacheError, match="exactly one of"):
         blend_from_flags()
-    with pytest.raises(MegacacheError, match=r"got --data-path, --train/valid/test-data-path"):
+    with pytest.raises(MegacacheError, match=r"got --data-path, --train-data-path"):
         blend_from_flags(["a"], split_data_paths=(["b"], None, None))
     args = tmp_path / "args.txt"
     args.write_text("0.25 a\n0.75 b\n")
