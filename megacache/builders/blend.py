@@ -11,7 +11,6 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,20 +22,15 @@ from ..errors import MegacacheError
 from ..formats.npy import NpyWriter
 from ..fsio import Staging, sync_filesystems
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
+from .config import BuildConfig
 from .gpt import GPTTask, array_records
 from .publish import publish_entries, write_description
 from .scheduling import even_slice, largest_first
 
-if TYPE_CHECKING:  # the orchestrator's configuration (build.py imports this module)
-    from .build import BuildConfig
 
 
 #: a blend's arrays and their dtypes (each one sample long)
 BLEND_ARRAYS = {"dataset_index.npy": np.dtype(np.int16), "dataset_sample_index.npy": np.dtype(np.int64)}
-#: samples blended in memory per block (BuildConfig.blend_block): 2.5 MB of buffers. Larger blocks
-#: gain nothing (a block's fixed cost is about 0.1 ms against 15 ms of blending) and their fresh
-#: pages cost: at 4M samples a rank's buffers were 40 MB of peak RSS, faulted in by the kernel.
-BLEND_BLOCK = 1 << 18
 
 
 @dataclass

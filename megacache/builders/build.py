@@ -27,102 +27,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..algorithms.blend_chunks import DEFAULT_WARMUP
-from ..algorithms.blend_sizes import DEFAULT_SURPLUS, blend_split_sizes, normalize
+from ..algorithms.blend_sizes import blend_split_sizes, normalize
 from ..algorithms.checks import integer
 from ..algorithms.splits import split_matrix
 from ..comm import Comm, get_comm
 from ..coordination import ALL, guarded, tidy
 from ..errors import MegacacheError
-from ..log import LOG
 from ..formats.npy import read_npy_header
 from ..fsio import write_atomic
 from ..megatron.blends import Blend
 from ..megatron.cache import SPLIT_NAMES, existing, present_files
 from ..megatron.sequences import default_path, sequences_json
-from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT
+from ..megatron.training import DEFAULT_SPLIT
 from ..megatron.versions import resolve
-from .blend import BLEND_BLOCK, BlendTask, Blending, plan_blends
-from .gpt import (Datasets, GPTBuild, GPTTask, GPTRequest, GPTSettings, PhaseTimer, Survey, array_records,
+from .blend import BlendTask, Blending, plan_blends
+from .gpt import (Datasets, GPTBuild, GPTTask, GPTRequest, PhaseTimer, Survey, array_records,
                   measure_lengths, plan_tasks, survey_datasets)
+from .config import BuildConfig
 from .publish import manifest_path, read_manifest, updated_manifest, write_manifest
 
 #: the lock key of a cache directory
 CACHE_LOCK = "cache"
-
-
-@dataclass
-class BuildConfig:
-    """What Megatron-LM's training arguments say about the data (field names as its flags)."""
-
-    seq_length: int
-    sizes: tuple                        # requested samples (train, valid, test); None = one epoch
-    tokenizer: dict                     # the tokenizer's unique_identifiers (hashed)
-    #: the megatron-core whose caches to reproduce (``megatron.versions``); None: the installed one's,
-    #: else the newest supported
-    megatron_version: str | None = None
-    blend: Blend | None = None          # --data-path / --data-args-path
-    blend_per_split: list | None = None  # --train/valid/test-data-path / --per-split-data-args-path
-    split: str | None = DEFAULT_SPLIT
-    seed: int = DEFAULT_SEED
-    cache_dir: str | None = None        # --data-cache-path
-    add_extra_token: bool = True
-    drop_last_partial_validation: bool = True
-    surplus: float = DEFAULT_SURPLUS    # mid_level_dataset_surplus
-    #: a blend is cut over ranks only when each rank's chunk is at least this long
-    blend_min_chunk: int = 4 * DEFAULT_WARMUP
-    #: greedy steps each chunk's guessed start state is run for
-    blend_warmup: int = DEFAULT_WARMUP
-    #: samples a rank blends into memory before writing them (memory per rank: 10 bytes each)
-    blend_block: int = BLEND_BLOCK
-    #: replace existing entries that megacache's manifest shows were built from other data or
-    #: settings (else that is an error)
-    rebuild_stale: bool = False
-    #: where to write Megatron's --per-dataset-sequences-path JSON (default: in ``cache_dir``, as
-    #: ``megatron.sequences.FILE_NAME``; "" writes none)
-    sequences_path: str | None = None
-
-    @classmethod
-    def from_megatron_flags(cls, tokenizer: dict, training: dict, megatron_version: str | None = None,
-                            megatron_python: str | None = None, **fields) -> "BuildConfig":
-        """A configuration from the flags a Megatron-LM run is given, as keywords in snake case: the
-        tokenizer's (``tokenizer_type``, ``tokenizer_model``, ``vocab_size``, ...) and the training
-        loop's that size the splits (``train_samples`` or ``train_iters``, ``global_batch_size``,
-        ``eval_iters``, ``eval_interval``, ...). The megatron-core version is resolved once, as
-        ``megatron_version`` says (else the installed one's), or asked of the interpreter
-        ``megatron_python`` together with the tokenizer identity (``megatron.interpreter``); the
-        sizes and the identity follow it. ``fields``: the rest (``blend``, ``split``, ``seq_length``,
-        ``seed``, ``cache_dir``, ...)."""
-        from ..megatron.flags import without_defaults
-        from ..megatron.interpreter import identity
-        from ..megatron.tokenizer import TOKENIZER_FLAGS
-        from ..megatron.training import split_sizes
-
-        found = identity(without_defaults(TOKENIZER_FLAGS, tokenizer), megatron_version, megatron_python)
-        if found.note:
-            LOG.warning(f"megacache: note: {found.note}")
-        return cls(sizes=split_sizes(found.version, **training), tokenizer=found.identifiers,
-                   megatron_version=found.version, **fields)
-
-    @classmethod
-    def from_bridge(cls, container, megatron_version: str | None = None, **fields) -> "BuildConfig":
-        """The caches a Megatron-Bridge run's first start builds: ``container`` is its
-        ``ConfigContainer``, the same as a mapping, or the path of its YAML (``megatron.bridge``);
-        ``megatron_version`` the megatron-core Bridge runs on (default: the installed one's);
-        ``fields``: further BuildConfig fields (``rebuild_stale``, ...)."""
-        from ..megatron.bridge import read_config
-
-        return read_config(container, megatron_version).build_config(**fields)
-
-    @classmethod
-    def for_prefix(cls, data_path: str, **fields) -> "BuildConfig":
-        """One prefix without a weight: plain GPTDatasets, as ``--data-path PREFIX``."""
-        return cls(blend=Blend((data_path,)), **fields)
-
-    @property
-    def settings(self) -> GPTSettings:
-        return GPTSettings(self.seq_length, self.tokenizer, self.seed, self.cache_dir, self.add_extra_token,
-                           self.drop_last_partial_validation)
 
 
 @dataclass

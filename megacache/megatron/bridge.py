@@ -118,12 +118,6 @@ class BridgeData:
             fields["sequences_path"] = self.sequences_path
         return fields
 
-    def build_config(self, **overrides):
-        """A ``BuildConfig`` for this configuration (``overrides``: further BuildConfig fields)."""
-        from ..builders.build import BuildConfig
-
-        return BuildConfig(**{**self.build_fields(), **overrides})
-
 
 # ---------------------------------------------------------------------------------------------
 # Reading the container

@@ -24,6 +24,7 @@ from megacache.errors import MegacacheError
 from megacache.fsio import write_atomic
 from megacache.megatron.bridge import load_yaml, read_config
 from support.oracle import write_lengths
+from support.oracles import ORACLE_RUNS
 from support.sweeps import cache_files
 from support.tokenizer_cases import random_cases
 from support.tokenizer_files import write_tokenizer_files
@@ -34,7 +35,6 @@ VERSION = "0.19"  # the megatron-core Bridge 0.6.2 runs on (0.19.2 in the oracle
 CONFIGS = 120
 PREFIXES = ("a", "b", "c", "d")
 REFUSALS: list = []
-ORACLE_RUNS = os.path.join(tempfile.gettempdir(), "megacache-oracle-runs")
 
 
 def ask(request: dict, timeout: float = 1800) -> list:
@@ -168,7 +168,7 @@ def assert_same_plan(ours, theirs: dict) -> None:
 
 def oracle_run(comm) -> tuple[str, list[dict], list[dict]]:
     """The random configurations, their datasets and Bridge's answer to each (its caches on disk),
-    made once per machine (in the system's temporary directory, keyed by the configurations) by
+    made once per machine (in support.oracles.ORACLE_RUNS, keyed by the configurations) by
     rank 0, so that every rank count compares against them: the directory, specs and answers."""
     if not os.path.isfile(os.path.join(ROOT, "spec.txt")):  # on every rank, before any collective
         pytest.skip("Megatron-Bridge oracle not built: run bash tests/bridge_oracle.sh")
@@ -201,7 +201,7 @@ def oracle_run(comm) -> tuple[str, list[dict], list[dict]]:
 def bridge_sweep(comm) -> dict[str, int]:
     """Every random configuration built by megacache with ``comm``'s ranks from the YAML Bridge wrote,
     compared with Bridge's own build (what it refused, refused here too)."""
-    from megacache.builders.build import build
+    from megacache.builders.build import BuildConfig, build
     from support.sweeps import build_and_compare
 
     root, specs, results = oracle_run(comm)
@@ -224,7 +224,8 @@ def bridge_sweep(comm) -> dict[str, int]:
             raise AssertionError(f"{label}\n{exc}") from None
         workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-bridge-") if comm.rank == 0 else None)
         try:
-            cfg = ours.build_config(cache_dir=os.path.join(workdir, "ours"), sequences_path="")
+            cfg = BuildConfig(**{**ours.build_fields(), "cache_dir": os.path.join(workdir, "ours"),
+                                 "sequences_path": ""})
             if theirs.get("error"):  # megatron-core refused while building (e.g. oversampling)
                 if comm.size == 1:
                     refuses(lambda: build(cfg, comm), label)
