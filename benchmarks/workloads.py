@@ -53,8 +53,8 @@ SUITES = {
     # Exercises every code path in well under a minute (fewer datasets, a small tokenizer).
     "smoke": Suite(factor=2e-4, ranks=(1, 2), repeats=1, blend_datasets=20, tokenizer_documents=1000),
     # The 1000-dataset build at 1, 3 and 10 times the size (5e11 tokens, 5e8 documents at
-    # 10): how time and memory grow with the corpus. About 5 minutes a repeat here (2026-11-26);
-    # megatron-core needs about 11 GB at factor 10.
+    # 10): how time and memory grow with the corpus. Minutes a repeat on 2 cores; megatron-core
+    # needs about 11 GB at factor 10.
     "scale": Suite(factor=10.0, ranks=(2,), repeats=1, factors=(1.0, 3.0, 10.0), workloads=("build_blend",)),
 }
 

@@ -328,7 +328,7 @@ class Staging:
     spare, else under its temporary name; ``path`` gives the temporary name of a file that
     others write into or memory-map. An unnamed file saves the temporary name's directory entry,
     created and then removed again by the rename: of a build's thousands of small files, that is
-    about a third of their cost here (ext4, 2026-11-26)."""
+    about a third of their cost on ext4."""
 
     def __init__(self, tag: str, unnamed_limit: int | None = None):
         self.tag = tag

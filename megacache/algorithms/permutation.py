@@ -36,9 +36,9 @@ _MATRIX_A = 0x9908B0DF
 _UPPER = 0x80000000
 _LOWER = 0x7FFFFFFF
 _U32 = 0xFFFFFFFF
-# Arrays spanning at most this many bytes draw and swap in one pass (measured, 2026-11-25: 2.5-2.8
-# ns per element up to 4 MB against 3.7-3.9 drawn in blocks; beyond the TLB's reach, 12 MB, the
-# unprefetched swaps cost twice the blocks' time).
+# Arrays spanning at most this many bytes draw and swap in one pass (about two thirds of the time
+# per element of drawing in blocks up to 4 MB; beyond the TLB's reach the unprefetched swaps cost
+# twice the blocks' time).
 _FUSED_BYTES = 1 << 22
 # Draw this many j's before swapping: big enough to keep many misses in flight, small enough for L1.
 _BLOCK = 1024
