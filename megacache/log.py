@@ -11,11 +11,24 @@ import sys
 LOG = logging.getLogger("megacache")
 
 
+class _Stderr(logging.StreamHandler):
+    """A handler writing to ``sys.stderr`` as it is when a message comes, not as it was when the
+    handler was made: a program (or a test) that replaces stderr later still gets the messages, and
+    a replaced stream that was closed is never written to."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def show_on_stderr() -> None:
     """Every message of INFO and above on stderr, as written (the command line's own output)."""
-    if not any(getattr(h, "megacache", False) for h in LOG.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _Stderr) for h in LOG.handlers):
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
-        handler.megacache = True
         LOG.addHandler(handler)
     LOG.setLevel(logging.INFO)

@@ -35,6 +35,19 @@ def modalities():
     return oracle
 
 
+@pytest.fixture(autouse=True)
+def library_logging():
+    """Each test starts from the library's logging: one that ran the command line in this process
+    (``cli.main``) set the ``megacache`` logger up to print on stderr."""
+    import logging
+
+    log = logging.getLogger("megacache")
+    handlers, level = list(log.handlers), log.level
+    yield
+    log.handlers[:] = handlers
+    log.setLevel(level)
+
+
 #: lines tests asked for in the run's summary, gathered from their reports (which pytest-xdist
 #: sends from its workers to the process that prints the summary)
 REPORTS: list[str] = []
