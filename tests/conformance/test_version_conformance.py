@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,14 +27,13 @@ from megacache.megatron.tokenizer import tokenizer_identifiers
 from support.oracle import sweep_configurations, write_lengths
 from megacache.megatron.interpreter import ask as megatron_ask
 from megacache.megatron.interpreter import differences
-from support.oracles import ask, interpreter
+from support.oracles import ORACLE_RUNS, ask, interpreter
 from support.sweeps import per_split_blends, random_blend_config, words
 from support.sweeps import build_and_compare, random_config, would_hang
 from support.tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
 
 VERSION = "0.19"
 COUNT = 200
-ORACLE_RUNS = os.path.join(tempfile.gettempdir(), "megacache-oracle-runs")
 
 
 def tokenizer_pool(files: str) -> list[dict]:

@@ -25,6 +25,9 @@ from megacache.megatron.versions import SUPPORTED, UNRELEASED
 RELEASES = {"0.16": "0.16.1", "0.17": "0.17.1", "0.18": "0.18.2", "0.19": "0.19.2"}
 assert tuple(RELEASES) + UNRELEASED == SUPPORTED
 ROOT = os.environ.get("MEGACACHE_ORACLES", os.path.expanduser("~/.cache/megacache/megatron-oracles"))
+#: the sweeps' oracle runs (the caches megatron-core and Megatron-Bridge built for them), made once
+#: per machine and kept: each is keyed by what it was asked, and outlives the tests' temporary files
+ORACLE_RUNS = os.path.expanduser("~/.cache/megacache/oracle-runs")
 #: this folder: the scripts each oracle runs (oracle_worker.py, megatron_rank.py) live here
 SUPPORT = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(SUPPORT, "oracle_worker.py")
