@@ -1,7 +1,9 @@
 """``--megatron-python`` against the real releases: megacache's worker, run in each oracle's
 interpreter, gets from that megatron-core's own build_tokenizer the identity megacache's table
-gives, on the identity tests' random and fixed flag sets; and a build told to ask that interpreter
-writes the cache a build from the table writes, file for file."""
+gives, on the identity tests' random and fixed flag sets and on the tokenizers of the
+200-configuration sweeps (which name their caches by these identities alone, so that a sweep told
+to ask gives the table's names and bytes); and a build told to ask that interpreter writes the cache
+a build from the table writes, file for file."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from megacache.megatron.tokenizer import tokenizer_identifiers
 from support.oracle import write_lengths
 from megacache.megatron.versions import UNRELEASED
 from support.oracles import MAIN_PATH, RELEASES, interpreter
-from support.tokenizer_cases import fixed_cases, random_cases
+from support.tokenizer_cases import fixed_cases, random_cases, sweep_tokenizers
 from support.tokenizer_files import write_tokenizer_files
 
 #: the released versions, and Megatron-LM main where a checkout is given (its parser then reads the flags)
@@ -53,7 +55,12 @@ def test_each_megatron_answers_what_the_table_gives(root, version, monkeypatch):
     cases = random_cases(version, root)[::5]
     if version in UNRELEASED:
         cases += list(fixed_cases(version, root).values())
-    answer = ask(python, cases)
+    sweeps = sweep_tokenizers(str(root), version)
+    answer = ask(python, sweeps + cases)
+    for flags, result in zip(sweeps, answer["answers"]):  # every one builds, in every version
+        assert "error" not in result, (flags, result["error"])
+        assert differences(result["identifiers"], tokenizer_identifiers(megatron_version=version, **flags)) == [], flags
+    answer["answers"] = answer["answers"][len(sweeps):]
     assert answer["version"].startswith(RELEASES.get(version, version + ".")), answer["version"]
     counts = {"equal": 0, "refused": 0}
     for flags, result in zip(cases, answer["answers"], strict=True):

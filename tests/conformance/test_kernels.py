@@ -119,7 +119,9 @@ BUILD = """
 import sys
 from megacache import cli
 status = cli.main(sys.argv[1:])
-print("numba imported:", "numba" in sys.modules)
+# one write per line: mpiexec merges the ranks' output, and print's separate writes could interleave
+sys.stdout.write(f"numba imported: {'numba' in sys.modules}\\n")
+sys.stdout.flush()
 sys.exit(status)
 """
 

@@ -30,35 +30,17 @@ from megacache.megatron.interpreter import differences
 from support.oracles import ORACLE_RUNS, ask, interpreter
 from support.sweeps import per_split_blends, random_blend_config, words
 from support.sweeps import build_and_compare, random_config, would_hang
-from support.tokenizer_files import TIKTOKEN_RANKS, write_tokenizer_files
+from support.tokenizer_cases import sweep_tokenizers
+from support.tokenizer_files import write_tokenizer_files
 
 VERSION = "0.19"
 COUNT = 200
 
 
-def tokenizer_pool(files: str) -> list[dict]:
-    """Megatron-LM 0.19 tokenizer flags, their files under ``files``."""
-    return [
-        dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{files}/hf"),
-        dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{files}/hf/",
-             tokenizer_special_tokens=["<|tool|>"], tokenizer_hf_no_use_fast=True, chat_template="{{ messages }}",
-             tokenizer_metadata=f"{files}/meta_huggingface_gpt.json"),
-        dict(tokenizer_type="NullTokenizer", vocab_size=1000),
-        dict(tokenizer_type="NullTokenizer", vocab_size=50257, null_tokenizer_eod_id=0, null_tokenizer_pad_id=1),
-        dict(tokenizer_type="GPT2BPETokenizer", vocab_file=f"{files}/gpt2files/vocab.json",
-             merge_file=f"{files}/gpt2files/merges.txt"),
-        dict(tokenizer_type="SentencePieceTokenizer", tokenizer_model=f"{files}/sp.model"),
-        dict(tokenizer_type="Llama2Tokenizer", tokenizer_model=f"{files}/sp.model", tokenizer_sentencepiece_legacy=True,
-             tokenizer_special_tokens=["<x>"]),
-        dict(tokenizer_type="TikTokenizer", tokenizer_model=f"{files}/ranks.json", vocab_size=1000 + TIKTOKEN_RANKS,
-             tiktoken_pattern="v2"),
-    ]
-
-
 def configurations(kind: str, root: str) -> list[dict]:
     """The sweep's configurations, in the oracle worker's terms (datasets under ``root``)."""
     rng = np.random.default_rng(19 if kind == "single" else 20)
-    pool = tokenizer_pool(os.path.join(root, "tokenizers"))
+    pool = sweep_tokenizers(os.path.join(root, "tokenizers"))
     out = []
     for i in range(COUNT):
         c = random_config(rng) if kind == "single" else random_blend_config(rng, huge=i == 0)

@@ -170,3 +170,25 @@ def fixed_cases(version: str, root) -> dict[str, dict]:
         cases.update({case: {k: v.replace("ABS", str(root)) if isinstance(v, str) else v for k, v in flags.items()}
                       for case, flags in MAIN_CASES.items()})
     return cases
+
+
+def sweep_tokenizers(files: str, version: str = "0.19") -> list[dict]:
+    """The tokenizers of the 200-configuration sweeps (test_version_conformance.py), one per
+    configuration in turn, their files under ``files``: Megatron-LM 0.19's flags, less those
+    ``version`` lacks. A sweep names its caches by these identities alone."""
+    exists = {f.dest: f.exists_in(version) for f in TOKENIZER_FLAGS}
+    return [{k: v for k, v in flags.items() if exists[k]} for flags in [
+        dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{files}/hf"),
+        dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{files}/hf/",
+             tokenizer_special_tokens=["<|tool|>"], tokenizer_hf_no_use_fast=True, chat_template="{{ messages }}",
+             tokenizer_metadata=f"{files}/meta_huggingface_gpt.json"),
+        dict(tokenizer_type="NullTokenizer", vocab_size=1000),
+        dict(tokenizer_type="NullTokenizer", vocab_size=50257, null_tokenizer_eod_id=0, null_tokenizer_pad_id=1),
+        dict(tokenizer_type="GPT2BPETokenizer", vocab_file=f"{files}/gpt2files/vocab.json",
+             merge_file=f"{files}/gpt2files/merges.txt"),
+        dict(tokenizer_type="SentencePieceTokenizer", tokenizer_model=f"{files}/sp.model"),
+        dict(tokenizer_type="Llama2Tokenizer", tokenizer_model=f"{files}/sp.model", tokenizer_sentencepiece_legacy=True,
+             tokenizer_special_tokens=["<x>"]),
+        dict(tokenizer_type="TikTokenizer", tokenizer_model=f"{files}/ranks.json", vocab_size=1000 + TIKTOKEN_RANKS,
+             tiktoken_pattern="v2"),
+    ]]
