@@ -20,7 +20,7 @@ import textwrap
 import traceback
 
 from .comm import Comm, get_comm
-from .errors import JobCrashed, MegacacheError
+from .errors import JobCrashed, MegacacheError, is_bug
 from .megatron.flags import add_flags, number_at_least
 
 _SIZE_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -688,27 +688,23 @@ def main(argv: list[str] | None = None) -> int:
         if comm.rank == 0:
             print(f"megacache {args.command}: error: {exc}", file=sys.stderr, flush=True)
         return 2
-    except OSError as exc:
-        # The system's or the input's fault, not a bug (errors.is_bug); a command that did not check
-        # for it first, possibly on this rank alone, so the job goes down with it.
-        print(f"megacache {args.command}: error: {exc}", file=sys.stderr, flush=True)
-        if comm.size > 1:
-            comm.abort(2)
-        return 2
     except JobCrashed as exc:
         # A bug on some rank, agreed by all: rank 0 prints the failed ranks' tracebacks.
         if comm.rank == 0:
             print(f"megacache {args.command}: unexpected failure, a bug in megacache (please report it "
                   f"with this output): {exc}", file=sys.stderr, flush=True)
         return 1
-    except BaseException:
-        # Unexpected and possibly on this rank alone: report it and take the whole job down rather
-        # than leave the other ranks waiting in a collective.
-        print(f"megacache {args.command}: rank {comm.rank} failed:\n{traceback.format_exc()}",
-              file=sys.stderr, flush=True)
+    except BaseException as exc:
+        # Not agreed, so possibly on this rank alone: report it and take the whole job down rather
+        # than leave the other ranks waiting in a collective. The system's or the input's fault (an
+        # OSError a command did not check for first) is bad input; anything else is a bug.
+        bug = is_bug(exc)
+        print(f"megacache {args.command}: rank {comm.rank} failed:\n{traceback.format_exc()}" if bug else
+              f"megacache {args.command}: error: {exc}", file=sys.stderr, flush=True)
+        status = 1 if bug else 2
         if comm.size > 1:
-            comm.abort(1)
-        return 1
+            comm.abort(status)
+        return status
     return status
 
 
