@@ -38,14 +38,14 @@ FLOOR_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "result
 
 def start() -> None:
     """A build rank's start-up and nothing else."""
-    gc.disable()  # as a build's rank imports (megacache.cli._cmd_build)
+    gc.disable()  # as a build's rank imports (megacache.interfaces.cli._cmd_build)
     import numpy as np
 
-    from megacache.cli import load_kernels
+    from megacache.interfaces.cli import load_kernels
 
     load_kernels()
     from megacache.algorithms.gpt_index import length_stats
-    from megacache.comm import get_comm
+    from megacache.runtime.comm import get_comm
 
     comm = get_comm()
     comm.barrier()
@@ -60,8 +60,8 @@ def start() -> None:
 def files(source: str, dest: str) -> None:
     """``source``'s outputs written anew into ``dest``, this rank every P-th by name, as a build
     writes and publishes its own: held by a ``fsio.Staging``, one sync, then ``Staging.publish``."""
-    from megacache.comm import get_comm
-    from megacache.fsio import Staging, sync_filesystems
+    from megacache.runtime.comm import get_comm
+    from megacache.runtime.fsio import Staging, sync_filesystems
 
     comm = get_comm()
     names = output_names(source)[comm.rank::comm.size]
@@ -144,7 +144,7 @@ def summary(record: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    from megacache.cli import single_threaded_blas
+    from megacache.interfaces.cli import single_threaded_blas
 
     single_threaded_blas()  # as a build's rank does, before numpy loads
     if argv[:1] == ["start"] and len(argv) == 1:
@@ -154,7 +154,7 @@ def main(argv: list[str]) -> None:
     else:
         sys.exit("usage: python -m benchmarks.floor start | files SOURCE DEST (a rank's side of `python -m "
                  "benchmarks floor`)")
-    gc.freeze()  # and exit as a build's rank does (megacache.cli.run)
+    gc.freeze()  # and exit as a build's rank does (megacache.interfaces.cli.run)
 
 
 if __name__ == "__main__":

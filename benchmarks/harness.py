@@ -102,7 +102,7 @@ def summarize(runs: list[dict]) -> dict:
 def output_names(directory: str) -> list[str]:
     """The directory's entries, sorted, but megacache's state directory (locks, manifest), which is
     its own and no output."""
-    from megacache.fsio import STATE_DIR
+    from megacache.runtime.fsio import STATE_DIR
 
     return sorted(n for n in os.listdir(directory) if n != STATE_DIR)
 

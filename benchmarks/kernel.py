@@ -21,7 +21,7 @@ from megacache.algorithms.blend_kernels import blend_chunk
 from megacache.builders.blend import BLEND_ARRAYS, confirm_chunks
 from megacache.builders.gpt import PhaseTimer
 from megacache.builders.scheduling import even_slice
-from megacache.comm import get_comm
+from megacache.runtime.comm import get_comm
 from megacache.formats.npy import NpyWriter, load_npy
 
 def main(weights_path: str, size: int, out: str) -> None:

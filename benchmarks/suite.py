@@ -66,8 +66,8 @@ def warm_up(name: str) -> None:
     while a checkout run where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) would
     compile megacache's and this package's sources in every process, 40 ms or more of each rank's
     start. ``MEGACACHE_KERNEL_DIR=jit`` measures megacache without the compiled kernels."""
-    from megacache.environment import kernel_dir
-    from megacache.kernels import compile_library, compiled_library
+    from megacache.runtime.environment import kernel_dir
+    from megacache.runtime.kernels import compile_library, compiled_library
 
     from .workloads import SUITES
 

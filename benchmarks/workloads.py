@@ -84,7 +84,7 @@ def _write_spec(work: str, spec: dict) -> str:
 def make_corpus(directory: str, megabytes: float) -> tuple[int, int]:
     """jsonl shards of 4000 generated documents each (zero-padded names, so name order is
     megacache's natural order), stopping once ``megabytes`` are written; (bytes, documents)."""
-    from megacache.sample_corpus import natural_documents, natural_lexicon
+    from megacache.text.sample_corpus import natural_documents, natural_lexicon
 
     lexicon = natural_lexicon(200_000)
 
@@ -103,7 +103,7 @@ def make_corpus(directory: str, megabytes: float) -> tuple[int, int]:
 
 
 def tokenize(work: str, suite: Suite, factor: float) -> Case:
-    from megacache.sample_corpus import train_sample_tokenizer
+    from megacache.text.sample_corpus import train_sample_tokenizer
 
     corpus = os.path.join(work, "corpus")
     nbytes, documents = make_corpus(corpus, 100 * factor)
@@ -163,7 +163,7 @@ def blend_surplus(work: str, prefixes: list[str], weights: np.ndarray, split: st
     from megacache.algorithms.blend_sizes import find_oversampling
     from megacache.megatron.blends import parse_blend
     from megacache.builders.build import BuildConfig, plan
-    from megacache.comm import SingleComm
+    from megacache.runtime.comm import SingleComm
     from megacache.megatron.tokenizer import tokenizer_identifiers
 
     blend = parse_blend([word for w, p in zip(weights.tolist(), prefixes) for word in (repr(w), p)])

@@ -37,15 +37,17 @@ def modalities():
 
 @pytest.fixture(autouse=True)
 def library_logging():
-    """Each test starts from the library's logging: one that ran the command line in this process
-    (``cli.main``) set the ``megacache`` logger up to print on stderr."""
+    """Each test starts from the library's logging as an importing program finds it (no handler,
+    no level): the command line run in this process (``cli.main``), by a test or a module fixture,
+    sets the ``megacache`` logger up to print on stderr."""
     import logging
 
     log = logging.getLogger("megacache")
-    handlers, level = list(log.handlers), log.level
+    log.handlers.clear()
+    log.setLevel(logging.NOTSET)
     yield
-    log.handlers[:] = handlers
-    log.setLevel(level)
+    log.handlers.clear()
+    log.setLevel(logging.NOTSET)
 
 
 #: lines tests asked for in the run's summary, gathered from their reports (which pytest-xdist
@@ -79,7 +81,7 @@ def compiled_kernels(tmp_path_factory) -> str:
     needs it (tens of CPU seconds), the others waiting on a lock."""
     import fcntl
 
-    from megacache import kernels
+    from megacache.runtime import kernels
 
     base = tmp_path_factory.getbasetemp()
     run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
@@ -96,7 +98,7 @@ def compiled_kernels(tmp_path_factory) -> str:
 def kernel_mode(request, monkeypatch):
     """Run the test's kernels through numba's JIT, then again from the compiled library; in the
     latter, no call whose types were compiled may have gone to the JIT."""
-    from megacache import kernels
+    from megacache.runtime import kernels
 
     native = request.param == "native"
     monkeypatch.setenv("MEGACACHE_KERNEL_DIR", request.getfixturevalue("compiled_kernels") if native else "jit")
@@ -109,3 +111,4 @@ def kernel_mode(request, monkeypatch):
             assert not strays, f"compiled signatures ran through the JIT: {strays}"
     finally:
         kernels.forget_library()
+

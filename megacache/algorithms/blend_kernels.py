@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import MegacacheError
-from ..kernels import intrinsic, kernel
+from ..runtime.kernels import intrinsic, kernel
 from .blend_sizes import MAX_DATASETS
 from .checks import integer
 

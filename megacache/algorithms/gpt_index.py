@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..errors import MegacacheError
-from ..kernels import kernel, prefetch_read
+from ..runtime.kernels import kernel, prefetch_read
 from .checks import integer
 from .permutation import MT19937, shuffle
 

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import MegacacheError
-from ..kernels import kernel, prefetch_write
+from ..runtime.kernels import kernel, prefetch_write
 from .checks import integer
 
 _N = 624  # MT19937 state words

@@ -20,13 +20,13 @@ from typing import Callable
 
 import numpy as np
 
-from ..comm import Comm
+from ..runtime.comm import Comm
 from ..errors import MegacacheError
 from ..formats import pickled_pairs
 from ..formats.indexed import IndexLayout, IndexWriter, bin_path, idx_path
 from ..formats.pbin import TOKEN_DTYPES, PbinWriter, is_pbin
-from ..fsio import copy_range, fsync_dir, pwrite_all, remove_quietly, tmp_path
-from ..coordination import guarded
+from ..runtime.fsio import copy_range, fsync_dir, pwrite_all, remove_quietly, tmp_path
+from ..runtime.coordination import guarded
 
 #: tokens per block when a part's tokens change dtype on the way (convert)
 _CONVERT_TOKENS = 1 << 22

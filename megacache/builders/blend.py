@@ -17,10 +17,10 @@ import numpy as np
 from ..algorithms.blend_chunks import guess_counts, repair_chunk, unconfirmed_chunks
 from ..algorithms.blend_kernels import blend_chunk, build_exhaustive_blending_indices
 from ..algorithms.blend_sizes import find_oversampling, normalize, unweighted_blend_size
-from ..comm import Comm
+from ..runtime.comm import Comm
 from ..errors import MegacacheError
 from ..formats.npy import NpyWriter
-from ..fsio import Staging, sync_filesystems
+from ..runtime.fsio import Staging, sync_filesystems
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
 from .config import BuildConfig
 from .gpt import GPTTask, array_records

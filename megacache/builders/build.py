@@ -30,11 +30,11 @@ import numpy as np
 from ..algorithms.blend_sizes import blend_split_sizes, normalize
 from ..algorithms.checks import integer
 from ..algorithms.splits import split_matrix
-from ..comm import Comm, get_comm
-from ..coordination import ALL, guarded, tidy
+from ..runtime.comm import Comm, get_comm
+from ..runtime.coordination import ALL, guarded, tidy
 from ..errors import MegacacheError
 from ..formats.npy import read_npy_header
-from ..fsio import write_atomic
+from ..runtime.fsio import write_atomic
 from ..megatron.blends import Blend
 from ..megatron.cache import SPLIT_NAMES, existing, present_files
 from ..megatron.sequences import default_path, sequences_json

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..algorithms.blend_chunks import DEFAULT_WARMUP
 from ..algorithms.blend_sizes import DEFAULT_SURPLUS
-from ..log import LOG
+from ..runtime.log import LOG
 from ..megatron.blends import Blend
 from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT
 from .gpt import GPTSettings

@@ -43,14 +43,14 @@ from ..algorithms.gpt_index import (GPTIndexPlan, build_document_index, build_sa
                                     slice_tokens)
 from ..algorithms.permutation import MT19937
 from ..algorithms.splits import split_ranges
-from ..comm import Comm
+from ..runtime.comm import Comm
 from ..algorithms.checks import integer
 from ..errors import MegacacheError
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
 from .publish import publish_entries, write_description
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_pieces, write_npy
-from ..fsio import Staging, sync_filesystems
+from ..runtime.fsio import Staging, sync_filesystems
 from .scheduling import even_pieces, largest_first
 
 UINT32_MAX = 2**32 - 1

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..blocks import first_bad
-from ..comm import Comm, get_comm
+from ..algorithms.blocks import first_bad
+from ..runtime.comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, optimal_dtype
 from ..formats.pbin import (CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, expected_offsets, is_pbin,

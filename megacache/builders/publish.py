@@ -7,7 +7,7 @@ import json
 import os
 
 from ..errors import FormatError
-from ..fsio import STATE_DIR, Staging, read_json, write_atomic
+from ..runtime.fsio import STATE_DIR, Staging, read_json, write_atomic
 
 
 def write_description(entry, staging: Staging) -> None:

@@ -25,17 +25,17 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..backends import DEFAULT_VERIFY_FRACTION, Disagreement, SampleCheck, select_backend
-from ..comm import Comm, get_comm
+from ..text.backends import DEFAULT_VERIFY_FRACTION, Disagreement, SampleCheck, select_backend
+from ..runtime.comm import Comm, get_comm
 from ..errors import MegacacheError
-from ..log import LOG
+from ..runtime.log import LOG
 from ..formats.indexed import optimal_dtype
 from ..formats.pbin import SUFFIX as PBIN_SUFFIX, TOKEN_DTYPES, token_size
-from ..fsio import publish, read_json, remove_quietly, remove_tree, tmp_path, write_json_atomic, writing
-from ..inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
-from ..coordination import Guard
-from ..progress import Progress
-from ..tokenization import Tokenizer, load_tokenizer
+from ..runtime.fsio import publish, read_json, remove_quietly, remove_tree, tmp_path, write_json_atomic, writing
+from ..text.inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
+from ..runtime.coordination import Guard
+from ..runtime.progress import Progress
+from ..text.tokenization import Tokenizer, load_tokenizer
 from .assemble import Part, PartCounts, assemble, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
 

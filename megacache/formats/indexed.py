@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import FormatError
-from ..fsio import pread_into, pwrite_all, writing
+from ..runtime.fsio import pread_into, pwrite_all, writing
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1

@@ -17,7 +17,7 @@ from concurrent.futures import Executor, Future
 import numpy as np
 
 from ..errors import FormatError
-from ..fsio import DIRECT_MIN, open_direct, pwrite_all, pwrite_mostly_direct, write_new_file, writing
+from ..runtime.fsio import DIRECT_MIN, open_direct, pwrite_all, pwrite_mostly_direct, write_new_file, writing
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:

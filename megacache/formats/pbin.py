@@ -20,7 +20,7 @@ from functools import cached_property
 import numpy as np
 
 from ..errors import FormatError
-from ..fsio import pwrite_all, writing
+from ..runtime.fsio import pwrite_all, writing
 from .pickled_pairs import checkpoints, window
 
 SUFFIX = ".pbin"

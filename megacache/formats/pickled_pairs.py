@@ -35,7 +35,7 @@ import pickletools
 import numpy as np
 
 from ..errors import FormatError
-from ..kernels import kernel
+from ..runtime.kernels import kernel
 
 PROTOCOL = 4
 PREFIX = bytes([0x80, PROTOCOL])

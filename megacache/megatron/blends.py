@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..algorithms.blend_sizes import MAX_DATASETS
 from ..errors import MegacacheError
-from ..megatron.cache import SPLIT_NAMES
+from .cache import SPLIT_NAMES
 
 
 @dataclass(frozen=True)

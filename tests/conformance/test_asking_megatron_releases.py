@@ -88,7 +88,7 @@ def test_a_build_that_asks_writes_what_the_table_names(root, version, tmp_path, 
     caches = {}
     for way, extra in (("asked", ["--megatron-python", python]), ("table", ["--megatron-version", version])):
         caches[way] = str(tmp_path / way)
-        done = subprocess.run([sys.executable, "-m", "megacache.cli", *flags, *extra, "--data-cache-path",
+        done = subprocess.run([sys.executable, "-m", "megacache.interfaces.cli", *flags, *extra, "--data-cache-path",
                                caches[way]], capture_output=True, text=True, cwd=root)
         assert done.returncode == 0, done.stderr
     names = sorted(n for n in os.listdir(caches["table"]) if not n.startswith("."))

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from megacache.backends import DEFAULT_VERIFY_FRACTION, SELF_TEST_TEXTS, sampled
+from megacache.text.backends import DEFAULT_VERIFY_FRACTION, SELF_TEST_TEXTS, sampled
 from support.corpus import MEGACACHE, documents, file_bytes, run_megacache, train_bpe, write_input
 
 MARKER = "zqxv-marker"

@@ -16,7 +16,7 @@ import pytest
 
 from megacache.builders.build import BuildConfig, plan
 from megacache.megatron.blends import parse_blend
-from megacache.comm import Comm, SingleComm, get_comm
+from megacache.runtime.comm import Comm, SingleComm, get_comm
 from support.oracle import load_mcore, sweep_configurations, write_lengths
 from support.sweeps import (NULL_TOKENIZER, blend_build_config, build_and_compare, megatron_build, random_blend_config,
                             torch_group, words)

@@ -11,8 +11,8 @@ import pytest
 
 from support.corpus import run_megacache
 from megacache.megatron.blends import Blend, blend_from_flags, parse_blend, read_per_split_data_args
-from megacache.api import BlendedSamples, BuildConfig, GPTSamples, build, open_cache
-from megacache.comm import SingleComm
+from megacache.interfaces.api import BlendedSamples, BuildConfig, GPTSamples, build, open_cache
+from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import IndexLayout, IndexWriter
 from support.oracle import load_mcore, megatron_datasets, write_lengths

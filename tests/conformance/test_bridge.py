@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megacache.comm import SingleComm, get_comm
+from megacache.runtime.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
-from megacache.fsio import write_atomic
+from megacache.runtime.fsio import write_atomic
 from megacache.megatron.bridge import load_yaml, read_config
 from support.oracle import write_lengths
 from support.oracles import ORACLE_RUNS

@@ -12,7 +12,7 @@ import pytest
 from megacache.builders.build import BuildConfig, build
 from megacache.megatron.training import split_sizes
 from megacache.megatron.versions import SUPPORTED
-from megacache.comm import SingleComm, get_comm
+from megacache.runtime.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
 from support.oracle import load_mcore, megatron_splits, sweep_configurations, write_lengths
 from support.sweeps import build_and_compare, prefix_build_config, random_config, would_hang

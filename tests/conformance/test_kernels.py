@@ -1,4 +1,4 @@
-"""The kernels' two ways of running (megacache/kernels.py): a call meets the export compiled for
+"""The kernels' two ways of running (megacache/runtime/kernels.py): a call meets the export compiled for
 exactly its argument types, the compiled library decodes and builds bit for bit as the JIT does, a
 build with it never imports numba, and a library is never taken for another CPU's or another
 source's. (The algorithm tests run every kernel both ways: the ``kernel_mode`` fixture.)"""
@@ -13,8 +13,8 @@ import numba
 import numpy as np
 import pytest
 
-from megacache import kernels
-from megacache.environment import kernel_dir
+from megacache.runtime import kernels
+from megacache.runtime.environment import kernel_dir
 from megacache.errors import MegacacheError
 from megacache.formats import pickled_pairs as pp
 from support.oracle import write_lengths
@@ -117,7 +117,7 @@ def test_jit_only(monkeypatch):
 
 BUILD = """
 import sys
-from megacache import cli
+from megacache.interfaces import cli
 status = cli.main(sys.argv[1:])
 # one write per line: mpiexec merges the ranks' output, and print's separate writes could interleave
 sys.stdout.write(f"numba imported: {'numba' in sys.modules}\\n")

@@ -28,12 +28,12 @@ from support.corpus import free_port
 from support.oracles import RELEASES, SUPPORT, interpreter
 from support.tokenizer_files import write_tokenizer_files
 
-from megacache.api import BuildConfig, build, open_cache, split_sizes
+from megacache.interfaces.api import BuildConfig, build, open_cache, split_sizes
 from megacache.megatron.blends import parse_blend
-from megacache.comm import SingleComm
+from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import write_dataset
-from megacache.reader import BlendedSamples
+from megacache.readers.samples import BlendedSamples
 from megacache.megatron.tokenizer import tokenizer_identifiers
 
 L = 64  # sequence length

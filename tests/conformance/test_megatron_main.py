@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from megacache.builders.build import BuildConfig, build
-from megacache.comm import SingleComm
+from megacache.runtime.comm import SingleComm
 from megacache.megatron.blends import parse_blend
 from megacache.megatron.tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
 from support.oracles import recorded_main

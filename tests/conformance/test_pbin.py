@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from megacache.sample_corpus import sample_documents
+from megacache.text.sample_corpus import sample_documents
 from support.corpus import file_bytes, run_megacache, write_jsonl
 from support.tokenizer_files import PBIN_TOKENIZERS, WORDS4_WORDS, write_pbin_tokenizers
 

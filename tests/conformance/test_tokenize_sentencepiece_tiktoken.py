@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from megacache.backends import SELF_TEST_TEXTS
+from megacache.text.backends import SELF_TEST_TEXTS
 from support.corpus import documents, file_bytes, megatron_reference, run_megacache, train_bpe, write_jsonl
 from support.tokenizer_files import TIKTOKEN_RANKS, write_tiktoken_ranks
 

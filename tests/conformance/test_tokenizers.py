@@ -1,4 +1,4 @@
-"""megacache.tokenization: the ids, EOD and vocab_size megatron-core 0.16.1's own tokenizers give for the
+"""megacache.text.tokenization: the ids, EOD and vocab_size megatron-core 0.16.1's own tokenizers give for the
 same files, on generated documents plus awkward ones; spec resolution and its errors; thread cap;
 throughput against the tokenizers library called directly.
 
@@ -23,7 +23,7 @@ import pytest
 
 from megacache.errors import MegacacheError
 from megacache.megatron.tokenizer import BERT_CASED_EXTRA_TOKENS
-from megacache.tokenization import load_tokenizer
+from megacache.text.tokenization import load_tokenizer
 
 SYLLABLES = ["ka", "to", "ri", "en", "the", "and", "ing", "ion", "er", "st", "qu", "pla", "mon", "lu",
              "ve", "sh", "ch", "or", "al", "is", "ne", "de", "ba", "co", "mi", "ght", "ous", "y"]
@@ -398,7 +398,7 @@ def test_bad_documents(files):
 THREADS = textwrap.dedent(
     """
     import os, sys, warnings
-    from megacache.tokenization import load_tokenizer
+    from megacache.text.tokenization import load_tokenizer
     def threads():
         return len(os.listdir("/proc/self/task"))
     docs = ["some words to split, again and again"] * 4000

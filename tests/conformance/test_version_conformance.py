@@ -21,8 +21,8 @@ import pytest
 
 from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig
-from megacache.comm import Comm, SingleComm, get_comm
-from megacache.fsio import write_atomic
+from megacache.runtime.comm import Comm, SingleComm, get_comm
+from megacache.runtime.fsio import write_atomic
 from megacache.megatron.tokenizer import tokenizer_identifiers
 from support.oracle import sweep_configurations, write_lengths
 from megacache.megatron.interpreter import ask as megatron_ask

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from megacache.sample_corpus import sample_documents, train_sample_tokenizer
+from megacache.text.sample_corpus import sample_documents, train_sample_tokenizer
 
 EDGE_DOCUMENTS = ["", " ", "a", "ünïcödé 東京 🙂", "tab\tseparated", "  leading and trailing  ", ""]
 

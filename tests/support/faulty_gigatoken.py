@@ -6,7 +6,8 @@ import sys
 
 import numpy as np
 
-from megacache import backends, cli
+from megacache.text import backends
+from megacache.interfaces import cli
 
 MARKER = sys.argv.pop(1)
 _encode_batch = backends.GigatokenTokenizer.encode_batch

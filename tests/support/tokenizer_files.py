@@ -119,7 +119,7 @@ def write_pbin_tokenizers(root: Path) -> dict[str, Path]:
     a character BPE of under 256 tokens (1 byte), a word-level vocabulary of 70,002 (4 bytes)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from megacache.sample_corpus import sample_documents
+    from megacache.text.sample_corpus import sample_documents
 
     text = sample_documents(2000, seed=5)
     made = {}

@@ -16,10 +16,10 @@ import pytest
 
 from support.corpus import free_port
 from megacache.builders.build import BuildConfig, build
-from megacache.comm import SingleComm
+from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
-from megacache.coordination import Lock, Monitor, guarded, post_mortem, this_process
-from megacache.environment import stale_s
+from megacache.runtime.coordination import Lock, Monitor, guarded, post_mortem, this_process
+from megacache.runtime.environment import stale_s
 from support.oracle import write_lengths
 from support.sweeps import NULL_TOKENIZER, cache_files
 from support.sweeps import build_args, build_sizes
@@ -153,7 +153,7 @@ RANK = textwrap.dedent("""
     import os, sys, datetime
     import torch.distributed as dist
     from megacache.builders.build import BuildConfig, build
-    from megacache.comm import TorchComm
+    from megacache.runtime.comm import TorchComm
     from megacache.errors import MegacacheError
     from megacache.megatron.tokenizer import tokenizer_identifiers
     rank, port, prefix, cache = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]

@@ -24,8 +24,8 @@ from support.corpus import children, documents, processes, write_jsonl
 from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig, build
 from megacache.builders.tokenize import TokenizeConfig, tokenize
-from megacache.comm import SingleComm
-from megacache.fsio import STATE_DIR, TMP_MARK
+from megacache.runtime.comm import SingleComm
+from megacache.runtime.fsio import STATE_DIR, TMP_MARK
 from support.oracle import write_lengths
 from support.sweeps import build_args, build_sizes
 from support.sweeps import NULL_TOKENIZER

@@ -12,7 +12,7 @@ RANK_MAIN = r"""
 import json, os, sys
 import torch.distributed as dist
 dist.init_process_group("gloo")
-from megacache.comm import get_comm
+from megacache.runtime.comm import get_comm
 from megacache.errors import JobFailed
 comm = get_comm()
 out = {"name": comm.name, "rank": comm.rank, "size": comm.size,

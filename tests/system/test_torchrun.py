@@ -25,8 +25,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 spec = json.load(open(sys.argv[1]))
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-from megacache.api import BuildConfig, prepare_cache
-from megacache.torchdata import TokenDataset
+from megacache.interfaces.api import BuildConfig, prepare_cache
+from megacache.interfaces.torchdata import TokenDataset
 cfg = BuildConfig.for_prefix(spec["prefix"], seq_length=spec["L"], sizes=tuple(spec["sizes"]),
                              tokenizer=spec["tokenizer"], split=spec["split"], seed=spec["seed"],
                              cache_dir=spec["cache"])

@@ -6,7 +6,7 @@ import pytest
 
 from megacache.errors import MegacacheError
 from megacache.formats.npy import BackgroundWrites, write_npy
-from megacache.fsio import DIRECT_MIN
+from megacache.runtime.fsio import DIRECT_MIN
 
 
 def test_every_array_lands_as_numpy_save_writes_it(tmp_path):

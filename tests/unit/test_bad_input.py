@@ -7,7 +7,7 @@ traceback, and nothing left behind: no file written or changed anywhere under th
 The units behind these messages have their own tests (test_inputs, test_indexed_format,
 test_verify, test_blends, test_build, test_merge); this is the command-line view of them.
 
-Cases run in-process through ``megacache.cli.main``; those that need a file-size limit run as a
+Cases run in-process through ``megacache.interfaces.cli.main``; those that need a file-size limit run as a
 subprocess with ``RLIMIT_FSIZE`` (Python ignores SIGXFSZ, so a write past the limit fails with EFBIG,
 as on a full disk, and works for root too). ``xfail(strict=True)`` cases document gaps whose fix
 lies in a module this file's author could not change; each reason names the place.
@@ -28,9 +28,9 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from megacache.cli import main
+from megacache.interfaces.cli import main
 from megacache.formats.indexed import read_layout, write_dataset
-from megacache.fsio import TMP_MARK
+from megacache.runtime.fsio import TMP_MARK
 from support.oracle import write_lengths
 
 REPO = Path(__file__).resolve().parents[2]
@@ -414,7 +414,7 @@ def test_installed_megatron_newer_than_supported_needs_a_version(tmp_path):
     w = Work(tmp_path / "w")
     env = dict(os.environ, PYTHONPATH=str(site), PYTHONWARNINGS="ignore")
     for argv in (w.build("--data-path", w.good), ["verify", f"{w.out}/cache"], ["inspect", w.good]):
-        proc = subprocess.run([sys.executable, "-m", "megacache.cli", *argv], capture_output=True, text=True, env=env,
+        proc = subprocess.run([sys.executable, "-m", "megacache.interfaces.cli", *argv], capture_output=True, text=True, env=env,
                               timeout=300)
         assert proc.returncode == 2, proc.stderr
         assert ("megatron-core 0.21.0 is installed, newer than the versions megacache reproduces (0.16, 0.17, 0.18, "
@@ -422,7 +422,7 @@ def test_installed_megatron_newer_than_supported_needs_a_version(tmp_path):
                 "--megatron-version") in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
     assert not os.path.exists(f"{w.out}/cache")
-    proc = subprocess.run([sys.executable, "-m", "megacache.cli", *w.build("--data-path", w.good, "--megatron-version",
+    proc = subprocess.run([sys.executable, "-m", "megacache.interfaces.cli", *w.build("--data-path", w.good, "--megatron-version",
                                                                           "0.19")],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr

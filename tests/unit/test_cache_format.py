@@ -6,7 +6,7 @@ import pytest
 
 from megacache.megatron.cache import CacheEntry, blend_entry, blend_identifiers, describe, existing, gpt_identifiers
 from megacache.formats.npy import NpyWriter, _numpy_header, load_npy, npy_header, write_npy
-from megacache.fsio import DIRECT_MIN, DIRECT_STAGE
+from megacache.runtime.fsio import DIRECT_MIN, DIRECT_STAGE
 
 
 @pytest.mark.parametrize("dtype, shape", [(np.int32, (7, 2)), (np.int64, (0, 2)), (np.uint32, (13,)),

@@ -6,12 +6,12 @@ import os
 import subprocess
 import sys
 
-from megacache import cli
+from megacache.interfaces import cli
 from support.oracle import write_lengths
 
 RUN = """
 import atexit, gc, sys
-from megacache import cli
+from megacache.interfaces import cli
 atexit.register(lambda: print("exit handler ran; frozen:", gc.get_freeze_count() > 0))
 sys.argv = ["megacache", *sys.argv[1:]]
 cli.run()
@@ -81,7 +81,7 @@ def test_version_and_the_whole_description():
 
 BUGGY = """
 import os, sys
-from megacache import cli
+from megacache.interfaces import cli
 from megacache.builders import gpt
 
 def publish(self):

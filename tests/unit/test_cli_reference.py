@@ -1,11 +1,11 @@
-"""docs/cli.md is what ``python -m megacache.clidoc`` prints from the parser, and that print is the
+"""docs/cli.md is what ``python -m megacache.interfaces.clidoc`` prints from the parser, and that print is the
 same on every machine."""
 
 import os
 import sys
 from pathlib import Path
 
-from megacache import clidoc
+from megacache.interfaces import clidoc
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from megacache import cli
+from megacache.interfaces import cli
 from support.oracle import write_lengths
 
 #: stand for the sweep's input directory and for the case's own output path
@@ -237,7 +237,7 @@ def test_a_bug_inside_an_agreed_phase_exits_1_with_its_traceback(inputs, capsys,
 
 def test_an_os_error_no_check_caught_is_exit_2_without_a_traceback(capsys, tmp_path, monkeypatch):
     """The system's fault or the input's, not a bug (errors.is_bug), wherever it surfaces."""
-    from megacache import sample_corpus
+    from megacache.text import sample_corpus
 
     def refused(directory, **kw):
         raise PermissionError(13, "Permission denied", directory)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from megacache.comm import SingleComm, get_comm, launched_under_mpi
+from megacache.runtime.comm import SingleComm, get_comm, launched_under_mpi
 from megacache.errors import JobCrashed, JobFailed, MegacacheError
 
 

@@ -13,9 +13,9 @@ import pytest
 
 from megacache.megatron.sequences import FILE_NAME as SEQUENCES_FILE
 
-from megacache.api import open_cache
+from megacache.interfaces.api import open_cache
 from megacache.builders.build import BuildConfig, build
-from megacache.comm import SingleComm
+from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.builders.publish import manifest_path
 from support.oracle import write_lengths

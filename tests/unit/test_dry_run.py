@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from megacache.builders.build import build, inventory
-from megacache.comm import SingleComm
+from megacache.runtime.comm import SingleComm
 from support.oracle import write_lengths
 from support.sweeps import (blend_build_config, prefix_build_config, random_blend_config, random_config,
                             would_hang)
@@ -128,7 +128,7 @@ def test_partial_and_stale_entries(built):
 
 
 def megacache(*args, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "megacache.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "megacache.interfaces.cli", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_command_line_dry_run(built, tmp_path):

@@ -3,7 +3,7 @@ import os
 import numpy as np
 import pytest
 
-from megacache.fsio import (DIRECT_ALIGN, DIRECT_MIN, DIRECT_STAGE, TMP_MARK, Staging, _can_link_unnamed, open_direct,
+from megacache.runtime.fsio import (DIRECT_ALIGN, DIRECT_MIN, DIRECT_STAGE, TMP_MARK, Staging, _can_link_unnamed, open_direct,
                             pwrite_mostly_direct, pwritev_all, write_atomic)
 
 

@@ -1,6 +1,6 @@
-"""The package's modules import each other without a cycle: every import counts, including those
-inside functions and under TYPE_CHECKING, so that the layers (communicator, formats, algorithms,
-builders, interfaces) stay layers."""
+"""The package's modules import each other without a cycle, and each imports only from its own
+subpackage and the layers below it: every import counts, including those inside functions and under
+TYPE_CHECKING, so that the tree shows the architecture and the layers stay layers."""
 
 from __future__ import annotations
 
@@ -84,7 +84,35 @@ def test_cycles_are_found():
 
 def test_the_package_has_no_import_cycle():
     known = modules()
-    assert "megacache.builders.build" in known and "megacache.cli" in known
+    assert "megacache.builders.build" in known and "megacache.interfaces.cli" in known
     graph = {name: imports(name, path, known) for name, path in known.items()}
     assert "megacache.builders.config" in graph["megacache.builders.blend"]
     assert cycles(graph) == []
+
+
+#: the subpackages bottom up (megacache/__init__.py says what each holds); the package's own
+#: ``__init__`` re-exports the Python API and so sits on top
+LAYERS = ("errors", "runtime", "formats", "algorithms", "megatron", "text", "builders", "readers", "interfaces",
+          "__main__", "")
+
+
+def layer(name: str) -> int:
+    parts = name.split(".")
+    return LAYERS.index(parts[1] if len(parts) > 1 else "")
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if layer(b) > layer(a))
+
+
+def test_upward_imports_are_found():
+    assert upward({"megacache.formats.npy": {"megacache.builders.gpt", "megacache.runtime.fsio"}}) == \
+        ["megacache.formats.npy -> megacache.builders.gpt"]
+
+
+def test_every_module_imports_only_its_own_layer_and_those_below():
+    known = modules()
+    assert {name.split(".")[1] for name in known if name.count(".")} == set(LAYERS[:-1])
+    graph = {name: imports(name, path, known) for name, path in known.items()}
+    assert "megacache.runtime.kernels" in graph["megacache.algorithms.gpt_index"]
+    assert upward(graph) == []

@@ -1,4 +1,4 @@
-"""megacache.inputs: finding input files, cutting them into work units, reading the documents."""
+"""megacache.text.inputs: finding input files, cutting them into work units, reading the documents."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from megacache.errors import InputError, MegacacheError
-from megacache.inputs import BadRecords, expand_inputs, plan_units, read_unit
+from megacache.text.inputs import BadRecords, expand_inputs, plan_units, read_unit
 
 # Characters that stress line handling: multi-byte UTF-8, astral plane, Unicode line separators
 # (which must NOT split lines), tabs, quotes and backslashes (JSON escapes).

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from support.corpus import run_megacache
-from megacache.api import BuildConfig, build
+from megacache.interfaces.api import BuildConfig, build
 from megacache.megatron.blends import parse_blend
-from megacache.comm import SingleComm
+from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.npy import load_npy
-from megacache.inspection import inspect_cache, inspect_dataset, inspect_path
+from megacache.readers.inspection import inspect_cache, inspect_dataset, inspect_path
 from support.oracle import write_lengths
 
 LENGTHS = [3, 0, 5, 0, 7, 1, 12, 4, 9, 2] * 8  # 80 sequences, 16 empty, 344 tokens
@@ -172,7 +172,7 @@ def test_tokenizer_read_as_a_versions_flags(tmp_path, prefix, built_for, read_as
     tokenizer that version's training never builds (its cache name is never looked up)."""
     from megacache.builders.publish import read_manifest
     from megacache.megatron.tokenizer import tokenizer_identifiers
-    from megacache.verify import verify_cache
+    from megacache.readers.verify import verify_cache
 
     cache = str(tmp_path / "cache")
     ids = tokenizer_identifiers("HuggingFaceTokenizer", megatron_version=built_for, tokenizer_model="/m/tok",

@@ -87,7 +87,7 @@ def test_a_disagreeing_megatron_stops_the_build_naming_each_field(standin, tmp_p
     # the same from the command line: exit 2, nothing written
     write_lengths(str(tmp_path / "data"), np.full(100, 30))
     done = subprocess.run(
-        [sys.executable, "-m", "megacache.cli", "build", "--data-path", str(tmp_path / "data"), "--seq-length", "8",
+        [sys.executable, "-m", "megacache.interfaces.cli", "build", "--data-path", str(tmp_path / "data"), "--seq-length", "8",
          "--train-samples", "100", "--global-batch-size", "4", "--eval-iters", "0", "--split", "90,5,5",
          "--tokenizer-type", HF["tokenizer_type"], "--tokenizer-model", HF["tokenizer_model"],
          "--megatron-python", sys.executable, "--data-cache-path", str(tmp_path / "cache")],

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from megacache.builders.build import BuildConfig, build
-from megacache.comm import SingleComm
+from megacache.runtime.comm import SingleComm
 from megacache.errors import FormatError, MegacacheError
 from megacache.megatron.cache import CacheEntry, gpt_identifiers
 from megacache.formats.npy import load_npy
-from megacache.tokenization import load_tokenizer
+from megacache.text.tokenization import load_tokenizer
 from support.oracle import write_lengths
 from support.sweeps import NULL_TOKENIZER
 

@@ -5,7 +5,7 @@ import pytest
 
 from support.corpus import run_megacache
 from megacache.formats.indexed import write_dataset
-from megacache.verify import verify_dataset
+from megacache.readers.verify import verify_dataset
 
 
 @pytest.fixture
@@ -73,11 +73,11 @@ def test_cli_exit_codes(dataset):
 import os
 
 from support.oracle import write_lengths
-from megacache.api import BuildConfig, build
+from megacache.interfaces.api import BuildConfig, build
 from megacache.megatron.blends import parse_blend
-from megacache.comm import SingleComm
+from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
-from megacache.verify import verify_cache
+from megacache.readers.verify import verify_cache
 
 
 def build_cache(tmp_path, prefixes, **fields):

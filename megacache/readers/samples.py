@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .megatron.cache import CacheEntry
-from .formats.indexed import IndexedDataset
-from .formats.npy import load_npy
+from ..megatron.cache import CacheEntry
+from ..formats.indexed import IndexedDataset
+from ..formats.npy import load_npy
 
 #: megatron-core's pad id when the tokenizer has none
 NO_PAD = -1

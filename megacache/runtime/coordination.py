@@ -30,7 +30,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from .errors import JobFailed, MegacacheError
+from ..errors import JobFailed, MegacacheError
 from .fsio import STATE_DIR, TMP_MARK, remove_quietly, write_json_atomic
 from .environment import heartbeat_s, stale_s
 from .log import LOG

@@ -49,8 +49,8 @@ from operator import attrgetter
 
 import numpy as np
 
-from .errors import MegacacheError
-from .megatron.tokenizer import (BERT_CASED_EXTRA_TOKENS, MEGATRON_TYPES, SENTENCEPIECE_TYPES,
+from ..errors import MegacacheError
+from ..megatron.tokenizer import (BERT_CASED_EXTRA_TOKENS, MEGATRON_TYPES, SENTENCEPIECE_TYPES,
                                  TIKTOKEN_DEFAULT_PATTERN, TIKTOKEN_DEFAULT_VOCAB_SIZE, TIKTOKEN_FILLER,
                                  TIKTOKEN_PATTERNS, TIKTOKEN_REQUIRED_SPECIALS, check_tiktoken)
 

@@ -13,17 +13,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .algorithms.gpt_index import GPTIndexPlan
-from .builders.gpt import array_shapes
-from .blocks import BLOCK, first_bad
-from .errors import FormatError, MegacacheError
-from .megatron.cache import describe, description_hash
-from .formats.indexed import IndexedDataset, bin_path, idx_path
-from .formats.npy import load_npy
-from .formats.pbin import PackedFile, expected_offsets
+from ..algorithms.gpt_index import GPTIndexPlan
+from ..builders.gpt import array_shapes
+from ..algorithms.blocks import BLOCK, first_bad
+from ..errors import FormatError, MegacacheError
+from ..megatron.cache import describe, description_hash
+from ..formats.indexed import IndexedDataset, bin_path, idx_path
+from ..formats.npy import load_npy
+from ..formats.pbin import PackedFile, expected_offsets
 from .inspection import inspect_cache, split_range, tokenizer_note
-from .megatron.tokenizer import versions_of
-from .megatron.versions import resolve
+from ..megatron.tokenizer import versions_of
+from ..megatron.versions import resolve
 
 
 

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, Callable, Sequence
 
 from .environment import comm_kind
-from .errors import JobCrashed, JobFailed, is_bug
+from ..errors import JobCrashed, JobFailed, is_bug
 
 # Environment variables that launchers set in every rank they start.
 _MPI_LAUNCHER_VARS = (

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import MegacacheError
+from ..errors import MegacacheError
 
 TMP_MARK = ".megacache-tmp"
 #: the hidden directory megacache keeps beside its outputs (locks, rank records, the manifest)

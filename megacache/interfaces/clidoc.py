@@ -1,4 +1,4 @@
-"""The command reference, docs/cli.md, generated from the parser: ``python -m megacache.clidoc >
+"""The command reference, docs/cli.md, generated from the parser: ``python -m megacache.interfaces.clidoc >
 docs/cli.md``. tests/unit/test_cli_reference.py fails when the file differs from what this prints.
 
 The output depends on nothing but the parser (no terminal width, no argparse version's layout, no
@@ -12,7 +12,7 @@ import re
 
 from .cli import build_parser
 
-COMMAND = "python -m megacache.clidoc > docs/cli.md"
+COMMAND = "python -m megacache.interfaces.clidoc > docs/cli.md"
 
 
 def _escape(text: str) -> str:

@@ -37,7 +37,7 @@ import warnings
 import numpy as np
 
 from .environment import kernel_dir
-from .errors import MegacacheError
+from ..errors import MegacacheError
 
 #: every module that declares kernels: compiled together, and hashed into the library's name
 MODULES = (

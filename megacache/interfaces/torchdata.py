@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-from .reader import BlendedSamples, GPTSamples
+from ..readers.samples import BlendedSamples, GPTSamples
 
 
 class TokenDataset(Dataset):

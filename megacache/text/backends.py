@@ -25,7 +25,7 @@ import tempfile
 
 import numpy as np
 
-from .errors import MegacacheError
+from ..errors import MegacacheError
 from .tokenization import BackendTokenizer, SentencePieceModel, TiktokenVocabulary, Tokenizer
 
 BACKENDS = ("auto", "gigatoken", "hf")

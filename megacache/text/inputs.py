@@ -35,7 +35,7 @@ from typing import Callable, Iterator
 
 import msgspec
 
-from .errors import InputError, MegacacheError
+from ..errors import InputError, MegacacheError
 
 # suffix -> (format, compression); matched against the lower-cased file name.
 _SUFFIXES = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import MegacacheError
+from ..errors import MegacacheError
 
 #: name -> what it says, for the command line's description
 VARIABLES = {

@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .algorithms.splits import split_ranges
-from .blocks import BLOCK, first_bad
-from .errors import MegacacheError
-from .megatron.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
-from .formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
-from .formats.npy import load_npy
-from .formats.pbin import PackedFile, is_pbin
-from .megatron.tokenizer import tokenizer_flags, versions_of
-from .megatron.versions import resolve
+from ..algorithms.splits import split_ranges
+from ..algorithms.blocks import BLOCK, first_bad
+from ..errors import MegacacheError
+from ..megatron.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
+from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
+from ..formats.npy import load_npy
+from ..formats.pbin import PackedFile, is_pbin
+from ..megatron.tokenizer import tokenizer_flags, versions_of
+from ..megatron.versions import resolve
 
 ENTRY_NAME = re.compile(r"([0-9a-f]{32})-(GPTDataset|BlendedDataset)-(train|valid|test)-(.+)")
 #: datasets of a blend spelled out in its flags; longer blends are elided

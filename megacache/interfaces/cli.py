@@ -19,9 +19,9 @@ import sys
 import textwrap
 import traceback
 
-from .comm import Comm, get_comm
-from .errors import JobCrashed, MegacacheError, is_bug
-from .megatron.flags import add_flags, number_at_least
+from ..runtime.comm import Comm, get_comm
+from ..errors import JobCrashed, MegacacheError, is_bug
+from ..megatron.flags import add_flags, number_at_least
 
 _SIZE_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -57,7 +57,7 @@ _TOKENIZE_FLAGS = ("--tokenizer-type", "--tokenizer-model", "--vocab-file", "--m
 
 
 def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
-    from .megatron.tokenizer import SUPPORTED_TYPES, TOKENIZER_FLAGS
+    from ..megatron.tokenizer import SUPPORTED_TYPES, TOKENIZER_FLAGS
 
     g = p.add_argument_group("tokenizer", f"Megatron-LM's flags mean here what they mean to build and to training; "
                                           f"--tokenizer-type is one of {', '.join(SUPPORTED_TYPES)}")
@@ -75,7 +75,7 @@ EXIT_BACKEND_DISAGREED = 3
 
 
 def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
-    from .builders.tokenize import TokenizeConfig, summary, tokenize
+    from ..builders.tokenize import TokenizeConfig, summary, tokenize
 
     cfg = TokenizeConfig(
         inputs=args.input, output_prefix=args.output_prefix, json_keys=args.json_keys,
@@ -95,7 +95,7 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
 
 
 def _copy_summary(verb: str, r) -> str:
-    from .formats.pbin import is_pbin
+    from ..formats.pbin import is_pbin
 
     if is_pbin(r.output):
         line = (f"megacache {verb}: {r.inputs} dataset(s) -> {r.output}: {r.documents:,} documents, "
@@ -109,7 +109,7 @@ def _copy_summary(verb: str, r) -> str:
 
 
 def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
-    from .builders.merge import merge
+    from ..builders.merge import merge
 
     r = merge(args.prefixes, args.output_prefix, comm, chunk_bytes=args.chunk_bytes)
     if comm.rank == 0:
@@ -117,7 +117,7 @@ def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
-    from .builders.merge import convert
+    from ..builders.merge import convert
 
     r = convert(args.source, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes)
     if comm.rank == 0:
@@ -126,10 +126,10 @@ def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
 
 def _tokenizer_ids(args: argparse.Namespace, comm: Comm) -> tuple[str, dict]:
     """The megatron-core version the build follows, and the tokenizer identity it hashes."""
-    from .megatron.flags import given_flags, resolve_flags
-    from .megatron.interpreter import identity
-    from .megatron.tokenizer import TOKENIZER_FLAGS, identifiers_from_description, identifiers_from_json
-    from .megatron.versions import resolve
+    from ..megatron.flags import given_flags, resolve_flags
+    from ..megatron.interpreter import identity
+    from ..megatron.tokenizer import TOKENIZER_FLAGS, identifiers_from_description, identifiers_from_json
+    from ..megatron.versions import resolve
 
     given = given_flags(args, TOKENIZER_FLAGS)
     if args.tokenizer_identifiers or args.tokenizer_from_description:
@@ -207,7 +207,7 @@ def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
 def load_kernels() -> bool:
     """The compiled kernels loaded (True), or else numba's JIT imported as ``import_numba_for_kernels``
     does (False): first thing in a process that runs kernels on every rank."""
-    from .kernels import native_library
+    from ..runtime.kernels import native_library
 
     if native_library() is not None:
         return True
@@ -216,10 +216,10 @@ def load_kernels() -> bool:
 
 
 def _build(args: argparse.Namespace, comm: Comm) -> None:
-    from .environment import kernel_dir
+    from ..runtime.environment import kernel_dir
 
     compiled = load_kernels()
-    from .builders.build import build
+    from ..builders.build import build
 
     if args.bridge_config:
         cfg = _bridge_config(args, comm)
@@ -263,11 +263,11 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
 
 def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
     """The build of a Megatron-LM training run's flags."""
-    from .builders.build import BuildConfig
-    from .megatron.blends import blend_from_flags
-    from .algorithms.blend_sizes import DEFAULT_SURPLUS
-    from .megatron.flags import given_flags
-    from .megatron.training import DEFAULT_SEED, DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
+    from ..builders.build import BuildConfig
+    from ..megatron.blends import blend_from_flags
+    from ..algorithms.blend_sizes import DEFAULT_SURPLUS
+    from ..megatron.flags import given_flags
+    from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
 
     blend, per_split = blend_from_flags(args.data_path, args.data_args_path,
                                         (args.train_data_path, args.valid_data_path, args.test_data_path),
@@ -295,7 +295,7 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
 
 def _check_datasets(blend, per_split, comm: Comm) -> None:
     """Every dataset of the blend or per-split blends is there (one process looks)."""
-    from .megatron.blends import check_prefixes_exist
+    from ..megatron.blends import check_prefixes_exist
 
     blends = [blend] if blend else [b for b in per_split if b]
     comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(p for b in blends for p in b.prefixes)),
@@ -313,10 +313,10 @@ _MEGATRON_LM_RUN = ("data_path", "data_args_path", "train_data_path", "valid_dat
 
 def _bridge_config(args: argparse.Namespace, comm: Comm):
     """The build of a Megatron-Bridge ConfigContainer (its YAML): everything from the file."""
-    from .builders.build import BuildConfig
-    from .megatron.flags import given_flags
-    from .megatron.tokenizer import TOKENIZER_FLAGS
-    from .megatron.training import SIZE_FLAGS
+    from ..builders.build import BuildConfig
+    from ..megatron.flags import given_flags
+    from ..megatron.tokenizer import TOKENIZER_FLAGS
+    from ..megatron.training import SIZE_FLAGS
 
     given = [f"--{d.replace('_', '-')}" for d in _MEGATRON_LM_RUN if getattr(args, d) not in (None, False)]
     given += [f"--{d.replace('_', '-')}" for d in {**given_flags(args, SIZE_FLAGS), **given_flags(args, TOKENIZER_FLAGS)}]
@@ -334,8 +334,8 @@ def _dry_run(cfg, comm: Comm, verbose: bool, as_json: bool) -> None:
     """Every entry the build would write, its files and their state; nothing written, no lock."""
     import json
 
-    from .builders.blend import BlendTask
-    from .builders.build import inventory
+    from ..builders.blend import BlendTask
+    from ..builders.build import inventory
 
     planned, states, others = inventory(cfg, comm)
     if comm.rank != 0:
@@ -391,10 +391,10 @@ def _indent(text: str, spaces: int) -> str:
 def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     import os
 
-    from .formats.indexed import bin_path, idx_path
-    from .formats.pbin import is_pbin
-    from .megatron.versions import resolve
-    from .verify import summarize_dataset, verify_cache, verify_dataset, verify_pbin
+    from ..formats.indexed import bin_path, idx_path
+    from ..formats.pbin import is_pbin
+    from ..megatron.versions import resolve
+    from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_pbin
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     failed, checked = [], 0
@@ -436,8 +436,8 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
-    from .inspection import inspect_path
-    from .megatron.versions import resolve
+    from ..readers.inspection import inspect_path
+    from ..megatron.versions import resolve
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     failure = None
@@ -459,7 +459,7 @@ def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
-    from .sample_corpus import write_sample_corpus
+    from ..text.sample_corpus import write_sample_corpus
 
     if comm.rank == 0:
         paths = write_sample_corpus(args.output_dir, files=args.files, documents_per_file=args.documents,
@@ -471,7 +471,7 @@ def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
 def _cmd_kernels(args: argparse.Namespace, comm: Comm) -> None:
     import time
 
-    from .kernels import compile_library, compiled_library
+    from ..runtime.kernels import compile_library, compiled_library
 
     start = time.perf_counter()
 
@@ -486,7 +486,7 @@ def _cmd_kernels(args: argparse.Namespace, comm: Comm) -> None:
 
 
 def _add_version_arg(p: argparse.ArgumentParser) -> None:
-    from .megatron.versions import NEWEST, listing
+    from ..megatron.versions import NEWEST, listing
 
     p.add_argument("--megatron-version", metavar="X.Y",
                    help=f"the megatron-core whose caches to reproduce: {listing()} (default: the installed "
@@ -494,13 +494,13 @@ def _add_version_arg(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .algorithms.blend_sizes import DEFAULT_SURPLUS
-    from .backends import BACKENDS, DEFAULT_VERIFY_FRACTION
-    from .megatron.training import DEFAULT_SEED
-    from .megatron.tokenizer import TOKENIZER_FLAGS
-    from .megatron.training import SIZE_FLAGS
+    from ..algorithms.blend_sizes import DEFAULT_SURPLUS
+    from ..text.backends import BACKENDS, DEFAULT_VERIFY_FRACTION
+    from ..megatron.training import DEFAULT_SEED
+    from ..megatron.tokenizer import TOKENIZER_FLAGS
+    from ..megatron.training import SIZE_FLAGS
 
-    from .environment import VARIABLES
+    from ..runtime.environment import VARIABLES
 
     width = max(map(len, VARIABLES)) + 2
     described = "\n".join(textwrap.fill(text, 100, initial_indent=f"  {name:<{width}}",
@@ -673,7 +673,7 @@ def single_threaded_blas() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .log import show_on_stderr
+    from ..runtime.log import show_on_stderr
 
     single_threaded_blas()
     args = build_parser().parse_args(argv)

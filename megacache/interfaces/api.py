@@ -1,6 +1,6 @@
 """megacache from Python: build the caches of a configuration, and open them.
 
-    from megacache.api import BuildConfig, build, open_cache
+    from megacache import BuildConfig, build, open_cache
     from megacache.megatron.blends import parse_blend
 
     cfg = BuildConfig(blend=parse_blend(["0.7", "/data/web_text_document", "0.3", "/data/code_text_document"]),
@@ -27,12 +27,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .builders.build import BuildConfig, BuildResult, build, plan
-from .megatron.tokenizer import tokenizer_identifiers
-from .megatron.training import split_sizes
-from .comm import SingleComm, TorchComm
-from .errors import CacheNotBuilt
-from .reader import NO_PAD, BlendedSamples, GPTSamples
+from ..builders.build import BuildConfig, BuildResult, build, plan
+from ..megatron.tokenizer import tokenizer_identifiers
+from ..megatron.training import split_sizes
+from ..runtime.comm import SingleComm, TorchComm
+from ..errors import CacheNotBuilt
+from ..readers.samples import NO_PAD, BlendedSamples, GPTSamples
 
 __all__ = ["BuildConfig", "BuildResult", "build", "split_sizes", "tokenizer_identifiers", "open_cache", "prepare_cache",
            "PreparedCache", "GPTSamples", "BlendedSamples"]
@@ -46,7 +46,7 @@ def open_cache(cfg: BuildConfig, pad_id: int = NO_PAD) -> dict[str, GPTSamples |
     if missing:
         raise CacheNotBuilt(
             f"{len(missing)} cache entr{'y is' if len(missing) == 1 else 'ies are'} not built, e.g. "
-            f"{missing[0].path('description.txt')}: run `megacache build` (or megacache.api.build) with this "
+            f"{missing[0].path('description.txt')}: run `megacache build` (or megacache.interfaces.api.build) with this "
             f"configuration first")
     gpt = {j.index: GPTSamples(planned.datasets[j.data_path], j.entry, cfg.add_extra_token, pad_id)
            for j in planned.gpt}
