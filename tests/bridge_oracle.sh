@@ -9,6 +9,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${MEGACACHE_BRIDGE_ORACLE:-$HOME/.cache/megacache/bridge-oracle}"
+# Held while this checks and builds: a test that needs the environment waits for it
+# (tests/support/oracles.py), and two runs never build it at once.
+mkdir -p "$(dirname "$ROOT")"
+exec 9>"$ROOT.lock"
+flock 9
 MCORE_ROOT="$(bash tests/megatron_oracles.sh | tail -n 1)"
 BASE_SITE="$MCORE_ROOT/py312/lib/python3.12/site-packages"
 # Bridge without its dependency list (GPU kernels, loggers, VLM stacks); then what its configuration,

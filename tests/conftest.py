@@ -65,6 +65,10 @@ def report(request):
 def pytest_runtest_logreport(report):
     if report.when == "teardown":
         REPORTS.extend(line for key, line in report.user_properties if key == "report")
+    if RANKS and report.skipped and "mpi" in report.keywords:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if "not built" not in reason:
+            MPI_SKIPS.append(f"{report.nodeid}: {reason}")
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -112,3 +116,38 @@ def kernel_mode(request, monkeypatch):
     finally:
         kernels.forget_library()
 
+
+def pytest_collection_modifyitems(items):
+    """The tests that need the Python 3.12 oracle environments run last in each tier: tests/run_all.sh
+    builds those in the background, and such a test waits for them (support.oracles.built)."""
+    items.sort(key=lambda item: item.get_closest_marker("oracle_environments") is not None)
+
+
+#: the MPI tiers of tests/run_all.sh set this to the ranks they launch
+RANKS = os.environ.get("MEGACACHE_TEST_RANKS")
+#: MPI tests that skipped for a reason other than a missing oracle environment
+MPI_SKIPS: list[str] = []
+
+
+def pytest_sessionstart(session):
+    """An MPI tier runs in a world of the ranks it launched: where mpiexec and mpi4py's MPI library
+    disagree, every process sees a world of one, and pytest-mpi would skip every MPI test and pass."""
+    if RANKS:
+        from mpi4py import MPI
+
+        size = MPI.COMM_WORLD.Get_size()
+        if size != int(RANKS):
+            pytest.exit(f"launched as {RANKS} MPI ranks, this process sees a world of {size}: mpiexec and "
+                        f"mpi4py's MPI library are not the same MPI", returncode=3)
+
+
+def pytest_report_header(config):
+    if RANKS:
+        return f"MPI tier: a world of {RANKS} ranks, as launched"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In an MPI tier, an MPI test that skipped (but for an oracle environment not built) fails it."""
+    if MPI_SKIPS and exitstatus == 0:
+        print("\nMPI tests skipped in an MPI tier:\n" + "\n".join(MPI_SKIPS))
+        session.exitstatus = 1

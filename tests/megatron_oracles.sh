@@ -8,6 +8,11 @@ ROOT="${MEGACACHE_ORACLES:-$HOME/.cache/megacache/megatron-oracles}"
 SPEC="torch==2.13.0 megatron-core==0.19.2 transformers tokenizers sentencepiece tiktoken numpy
 extra: 0.17.1 0.18.2"
 STAMP="$ROOT/spec.txt"
+# Held while this checks and builds: a test that needs the environment waits for it
+# (tests/support/oracles.py), and two runs never build it at once.
+mkdir -p "$(dirname "$ROOT")"
+exec 9>"$ROOT.lock"
+flock 9
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SPEC" ]; then
   echo "$ROOT"
   exit 0

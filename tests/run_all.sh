@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Install megacache with its test dependencies and run the whole suite: the MPI tests under
-# 2 and 3 ranks, then the serial tests (which also launch real mpiexec jobs of 1-4 ranks). The
-# output ends on one line: each tier's pytest summary.
+# Install megacache with its test dependencies and run the whole suite: the serial tests (which also
+# launch real mpiexec jobs of 1-4 ranks), then the MPI tests under 2 and 3 ranks. The output ends on
+# one line: each tier's pytest summary.
 # megatron-core 0.16.1 is the oracle in this interpreter; 0.17.1, 0.18.2 and 0.19.2 (Python 3.12
-# wheels only) in the environment tests/megatron_oracles.sh builds once and reuses.
+# wheels only) and Megatron-Bridge 0.6.2 in the environments tests/megatron_oracles.sh and
+# tests/bridge_oracle.sh build once and reuse.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The oracle environments build in the background (downloads, mostly: minutes the first time,
+# nothing later) while the rest installs and the first tests run. A test that needs one waits for
+# its build (tests/support/oracles.py), and those tests run last in each tier (tests/conftest.py).
+oracle_log=$(mktemp)
+bash tests/bridge_oracle.sh > "$oracle_log" 2>&1 &
+oracles=$!
+trap 'kill "$oracles" 2>/dev/null || true; rm -f "$oracle_log"' EXIT
 # torch first, pinned: a looser requirement with no torch installed pulls GBs of CUDA wheels.
 pip_install() {
   python -m pip install -q --disable-pip-version-check --no-warn-script-location --root-user-action=ignore "$@"
@@ -22,18 +30,13 @@ if [ "$(id -u)" = 0 ]; then
 else
   echo "not root: Slurm not started, tests/system/test_slurm.py will skip"
 fi
-# The newer oracles (a few minutes the first time; reused afterwards).
-bash tests/megatron_oracles.sh
-# The Megatron-Bridge oracle (tests/conformance/test_bridge.py): Bridge 0.6.2 on that environment's
-# megatron-core 0.19.2; a few minutes the first time, reused afterwards. Its tests skip without it.
-bash tests/bridge_oracle.sh || echo "Megatron-Bridge oracle not built: tests/conformance/test_bridge.py will skip"
 export PYTHONWARNINGS=ignore
 # The tests' files on tmpfs where there is room: the sweeps create and delete hundreds of thousands
 # of small files, which a disk makes slow after mass deletes; the bytes compared are the same.
 if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ "$(df -Pk /dev/shm | awk 'NR == 2 {print $4}')" -gt $((8 << 20)) ]; then
   TMPDIR=$(mktemp -d /dev/shm/megacache-tests.XXXXXX)
   export TMPDIR
-  trap 'rm -rf "$TMPDIR"' EXIT
+  trap 'kill "$oracles" 2>/dev/null || true; rm -f "$oracle_log"; rm -rf "$TMPDIR"' EXIT
 fi
 started=$SECONDS
 summary=()
@@ -46,10 +49,18 @@ tier() {  # tier NAME COMMAND...: run one tier, keep pytest's last line for the 
   summary+=("$name: $(grep -E '(passed|failed|error)' "$log" | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//' || true)")
   rm -f "$log"
 }
-for n in 2 3; do
-  tier "MPI tests on $n ranks" mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi tests
-done
 # Two pytest-xdist workers, whole files to each (a file's module fixtures, often oracle runs, are
 # made once); the slowest tests listed: CI's time is a budget.
-tier "serial tests" python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests "$@"
+tier "serial tests" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests "$@"
+# Each MPI tier checks that its world has the ranks launched, and fails on a skipped MPI test.
+for n in 2 3; do
+  export MEGACACHE_TEST_RANKS=$n
+  tier "MPI tests on $n ranks" mpiexec -n "$n" python -m pytest -q -rs -p no:cacheprovider --only-mpi tests
+done
+unset MEGACACHE_TEST_RANKS
+if ! wait "$oracles"; then
+  echo "The oracle environments were not built, and the tests that need them skipped:"
+  grep -v "is ignored: it is neither" "$oracle_log" | tail -n 20
+  summary+=("oracle environments not built")
+fi
 echo "megacache tests passed in $(( (SECONDS - started) / 60 )) min: $(IFS=';'; echo "${summary[*]}" | sed 's/;/; /g')"

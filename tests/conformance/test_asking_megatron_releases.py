@@ -24,6 +24,8 @@ from support.oracles import MAIN_PATH, RELEASES, interpreter
 from support.tokenizer_cases import fixed_cases, random_cases, sweep_tokenizers
 from support.tokenizer_files import write_tokenizer_files
 
+pytestmark = pytest.mark.oracle_environments
+
 #: the released versions, and Megatron-LM main where a checkout is given (its parser then reads the flags)
 VERSIONS = [*RELEASES, *(["0.20"] if MAIN_PATH else [])]
 

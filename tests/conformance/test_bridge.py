@@ -24,10 +24,12 @@ from megacache.errors import MegacacheError
 from megacache.runtime.fsio import write_atomic
 from megacache.megatron.bridge import load_yaml, read_config
 from support.oracle import write_lengths
-from support.oracles import ORACLE_RUNS
+from support.oracles import ORACLE_RUNS, built
 from support.sweeps import cache_files
 from support.tokenizer_cases import random_cases
 from support.tokenizer_files import write_tokenizer_files
+
+pytestmark = pytest.mark.oracle_environments
 
 ROOT = os.environ.get("MEGACACHE_BRIDGE_ORACLE", os.path.expanduser("~/.cache/megacache/bridge-oracle"))
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "bridge_worker.py")
@@ -39,7 +41,7 @@ REFUSALS: list = []
 
 def ask(request: dict, timeout: float = 1800) -> list:
     """The Bridge worker's answers (skips the test when the oracle is not built)."""
-    if not os.path.isfile(os.path.join(ROOT, "spec.txt")):
+    if not built(ROOT):
         pytest.skip("Megatron-Bridge oracle not built: run bash tests/bridge_oracle.sh")
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("PYTHONPATH", None)
@@ -170,7 +172,7 @@ def oracle_run(comm) -> tuple[str, list[dict], list[dict]]:
     """The random configurations, their datasets and Bridge's answer to each (its caches on disk),
     made once per machine (in support.oracles.ORACLE_RUNS, keyed by the configurations) by
     rank 0, so that every rank count compares against them: the directory, specs and answers."""
-    if not os.path.isfile(os.path.join(ROOT, "spec.txt")):  # on every rank, before any collective
+    if not built(ROOT):  # on every rank, before any collective
         pytest.skip("Megatron-Bridge oracle not built: run bash tests/bridge_oracle.sh")
     rng = random.Random("megacache bridge")
     key = hashlib.sha256(json.dumps([random_spec(rng, Path("ROOT"), f"ROOT/theirs/{i}") for i in range(CONFIGS)])

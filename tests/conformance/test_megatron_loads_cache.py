@@ -36,6 +36,8 @@ from megacache.formats.indexed import write_dataset
 from megacache.readers.samples import BlendedSamples
 from megacache.megatron.tokenizer import tokenizer_identifiers
 
+pytestmark = pytest.mark.oracle_environments
+
 L = 64  # sequence length
 X = 1  # add_extra_token_to_sequence (megatron's default)
 SEED = 1234

@@ -43,6 +43,8 @@ from support.tokenizer_cases import (
 )
 from support.tokenizer_files import write_tokenizer_files
 
+pytestmark = pytest.mark.oracle_environments
+
 # Megatron-LM arguments.py defaults of every flag megatron-core's build_tokenizer reads.
 MEGATRON_DEFAULTS = dict(
     tokenizer_type=None, tokenizer_model=None, tokenizer_metadata=None, vocab_file=None,

@@ -33,6 +33,8 @@ from support.sweeps import build_and_compare, random_config, would_hang
 from support.tokenizer_cases import sweep_tokenizers
 from support.tokenizer_files import write_tokenizer_files
 
+pytestmark = pytest.mark.oracle_environments
+
 VERSION = "0.19"
 COUNT = 200
 

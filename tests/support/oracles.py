@@ -12,6 +12,7 @@ it must not hold packages built for Python 3.12 only."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
@@ -42,6 +43,17 @@ def recorded_main(name: str) -> dict:
         return json.load(f)
 
 
+def built(root: str) -> bool:
+    """Whether the oracle environment at ``root`` is built (its stamp ``spec.txt`` written last),
+    once its build script, which holds ``root.lock`` while it checks and builds, has let go:
+    tests/run_all.sh starts the scripts in the background."""
+    lock = root.rstrip("/") + ".lock"
+    if os.path.exists(lock):
+        with open(lock) as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+    return os.path.isfile(os.path.join(root, "spec.txt"))
+
+
 def interpreter(version: str) -> tuple[str, dict]:
     """The Python that imports megatron-core ``RELEASES[version]``, and its environment (skips the
     test when that environment was not built)."""
@@ -53,7 +65,7 @@ def interpreter(version: str) -> tuple[str, dict]:
         pytest.skip(f"no live megatron-core {version} (Megatron-LM main) oracle: set MEGACACHE_MEGATRON_MAIN to a "
                     f"checkout (the recorded data in tests/data/megatron-main is checked without it)")
     python = os.path.join(ROOT, "py312", "bin", "python")
-    if not os.path.isfile(os.path.join(ROOT, "spec.txt")):
+    if not built(ROOT):
         pytest.skip(f"megatron-core {RELEASES.get(version, version)} oracle not built: run bash "
                     f"tests/megatron_oracles.sh")
     if version in UNRELEASED:
