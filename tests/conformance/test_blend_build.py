@@ -26,8 +26,8 @@ def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) ->
     prefixes = [os.path.join(workdir, f"d{i:04d}") for i in range(len(c["datasets"]))]
     theirs_error = None
     if comm.rank == 0:
-        for p, lengths in zip(prefixes, c["datasets"]):
-            write_lengths(p, lengths)
+        for p, lengths, shape in zip(prefixes, c["datasets"], c["shapes"]):
+            write_lengths(p, lengths, **shape)
         theirs_error = megatron_build(mcore, prefixes, c, os.path.join(workdir, "theirs"))
     comm.wait_quietly()  # while the oracle runs on rank 0
     theirs_error = comm.bcast(theirs_error)

@@ -6,7 +6,6 @@ environment tests/bridge_oracle.sh builds (skipped when it is not built)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -24,7 +23,7 @@ from megacache.errors import MegacacheError
 from megacache.runtime.fsio import write_atomic
 from megacache.megatron.bridge import load_yaml, read_config
 from support.oracle import write_lengths
-from support.oracles import ORACLE_RUNS, built
+from support.oracles import ORACLE_RUNS, built, run_key
 from support.sweeps import cache_files
 from support.tokenizer_cases import random_cases
 from support.tokenizer_files import write_tokenizer_files
@@ -175,8 +174,7 @@ def oracle_run(comm) -> tuple[str, list[dict], list[dict]]:
     if not built(ROOT):  # on every rank, before any collective
         pytest.skip("Megatron-Bridge oracle not built: run bash tests/bridge_oracle.sh")
     rng = random.Random("megacache bridge")
-    key = hashlib.sha256(json.dumps([random_spec(rng, Path("ROOT"), f"ROOT/theirs/{i}") for i in range(CONFIGS)])
-                         .encode()).hexdigest()[:16]
+    key = run_key([random_spec(rng, Path("ROOT"), f"ROOT/theirs/{i}") for i in range(CONFIGS)], "0.6.2", WORKER)
     root = os.path.join(ORACLE_RUNS, f"bridge-{key}")
     rng = random.Random("megacache bridge")
     specs = [random_spec(rng, Path(root), os.path.join(root, "theirs", str(i))) for i in range(CONFIGS)]

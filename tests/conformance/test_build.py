@@ -42,7 +42,7 @@ def run_both(mcore, comm, workdir: str, c: dict) -> str:
     """Build with megatron-core (rank 0) and megacache (all ranks); compare. Returns a label."""
     prefix = os.path.join(workdir, "data")
     if comm.rank == 0:
-        write_lengths(prefix, c["lengths"])
+        write_lengths(prefix, c["lengths"], **c.get("shape", {}))
     comm.barrier()
     hang = would_hang(c)
     theirs_error = None

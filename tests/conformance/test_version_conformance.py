@@ -10,7 +10,6 @@ system's temporary directory, keyed by the request) and every rank count compare
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,7 +26,7 @@ from megacache.megatron.tokenizer import tokenizer_identifiers
 from support.oracle import sweep_configurations, write_lengths
 from megacache.megatron.interpreter import ask as megatron_ask
 from megacache.megatron.interpreter import differences
-from support.oracles import ORACLE_RUNS, ask, interpreter
+from support.oracles import ORACLE_RUNS, RELEASES, WORKER, ask, interpreter, run_key
 from support.sweeps import per_split_blends, random_blend_config, words
 from support.sweeps import build_and_compare, random_config, would_hang
 from support.tokenizer_cases import sweep_tokenizers
@@ -47,8 +46,9 @@ def configurations(kind: str, root: str) -> list[dict]:
     for i in range(COUNT):
         c = random_config(rng) if kind == "single" else random_blend_config(rng, huge=i == 0)
         datasets = [c.pop("lengths")] if kind == "single" else c.pop("datasets")
+        shapes = [c.pop("shape")] if kind == "single" else c.pop("shapes")
         prefixes = [os.path.join(root, f"c{i:03d}", f"d{j:04d}") for j in range(len(datasets))]
-        c.update(datasets=[d.tolist() for d in datasets], prefixes=prefixes, tokenizer=pool[i % len(pool)],
+        c.update(datasets=[d.tolist() for d in datasets], shapes=shapes, prefixes=prefixes, tokenizer=pool[i % len(pool)],
                  tokenizer_cwd=os.path.join(root, "tokenizers"),
                  path_to_cache=os.path.join(root, f"c{i:03d}", "theirs"))
         if kind == "single":
@@ -64,8 +64,8 @@ def configurations(kind: str, root: str) -> list[dict]:
 def oracle_run(comm: Comm, kind: str) -> tuple[list[dict], list]:
     """The configurations and megatron-core 0.19.2's answer to each (its caches on disk), made once:
     rank 0 writes the datasets and tokenizer files, asks the oracle, and marks the run done."""
-    key = hashlib.sha256(json.dumps([VERSION, configurations(kind, "ROOT")]).encode()).hexdigest()
-    root = os.path.join(ORACLE_RUNS, f"{kind}-{VERSION}-{key[:16]}")
+    key = run_key(configurations(kind, "ROOT"), RELEASES[VERSION], WORKER)
+    root = os.path.join(ORACLE_RUNS, f"{kind}-{VERSION}-{key}")
     done = os.path.join(root, "done.json")
     error = None
     if comm.rank == 0 and not os.path.exists(done):
@@ -75,9 +75,9 @@ def oracle_run(comm: Comm, kind: str) -> tuple[list[dict], list]:
             write_tokenizer_files(Path(root) / "tokenizers")
             configs = configurations(kind, root)
             for c in configs:
-                for prefix, lengths in zip(c["prefixes"], c["datasets"]):
+                for prefix, lengths, shape in zip(c["prefixes"], c["datasets"], c["shapes"], strict=True):
                     os.makedirs(os.path.dirname(prefix), exist_ok=True)
-                    write_lengths(prefix, lengths)
+                    write_lengths(prefix, lengths, **shape)
             todo = [c for c in configs if not c.get("hang")]
             answers = iter(ask(VERSION, {"task": "caches", "configs": todo}))
             results = [None if c.get("hang") else next(answers) for c in configs]

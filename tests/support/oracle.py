@@ -65,15 +65,19 @@ def megatron_splits(mcore, prefix, split, sizes, seed, L, x, drop_last_valid, pa
                              blend=([prefix], None), split=split)
 
 
-def write_lengths(prefix, lengths):
-    """A dataset of one sequence per document with these lengths, zero-length ones included (a
-    sparse .bin: the index arrays depend on lengths only)."""
+def write_lengths(prefix, lengths, dtype: str = "uint16", documents=None):
+    """A dataset of these sequence lengths, zero-length ones included, its tokens ``dtype`` (uint16
+    as Megatron stores a vocabulary under 65,500 tokens, int32 above), its documents starting at the
+    sequence indices ``documents`` (0 to the count; by default one sequence per document). The
+    .bin is sparse: the index arrays depend on lengths only."""
     lengths = np.asarray(lengths, dtype=np.int32)
-    layout = IndexLayout(np.dtype(np.uint16), len(lengths), len(lengths) + 1)
-    IndexWriter.create(prefix + ".idx", prefix + ".bin", layout, 2 * max(1, int(lengths.sum())))
+    documents = np.arange(len(lengths) + 1) if documents is None else np.asarray(documents, dtype=np.int64)
+    token = np.dtype(dtype)
+    layout = IndexLayout(token, len(lengths), len(documents))
+    IndexWriter.create(prefix + ".idx", prefix + ".bin", layout, token.itemsize * max(1, int(lengths.sum())))
     with IndexWriter.open(prefix + ".idx", prefix + ".bin", layout) as w:
         w.write_sequences(0, lengths, 0)
-        w.write_documents(0, np.arange(len(lengths) + 1))
+        w.write_documents(0, documents)
 
 
 def random_lengths(rng, count):

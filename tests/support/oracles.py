@@ -13,6 +13,7 @@ it must not hold packages built for Python 3.12 only."""
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import subprocess
@@ -41,6 +42,15 @@ def recorded_main(name: str) -> dict:
     """tests/data/megatron-main/``name``: what Megatron-LM main answered, and the commit it ran at."""
     with open(os.path.join(MAIN_DATA, name), encoding="utf-8") as f:
         return json.load(f)
+
+
+def run_key(asked, release: str, worker: str) -> str:
+    """The name an oracle run is kept under in ORACLE_RUNS: a digest of what it was asked, the
+    oracle's release and the source of the worker that asked it, so that a change to any of them
+    makes the run again."""
+    with open(worker, "rb") as f:
+        code = hashlib.sha256(f.read()).hexdigest()
+    return hashlib.sha256(json.dumps([asked, release, code]).encode()).hexdigest()[:16]
 
 
 def built(root: str) -> bool:

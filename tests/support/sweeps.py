@@ -45,7 +45,18 @@ def random_config(rng: np.random.Generator) -> dict:
                      int(rng.integers(1, 30) * max(1, tokens // L)))
     return dict(lengths=lengths, split=str(rng.choice(SPLITS)), sizes=sizes, L=L, x=x,
                 seed=int(rng.choice([0, 1234, 2**32 - 1, int(rng.integers(0, 2**32))])),
-                drop_last=bool(rng.integers(0, 2)))
+                drop_last=bool(rng.integers(0, 2)), shape=dataset_shape(np.random.default_rng([count, tokens]), count))
+
+
+def dataset_shape(rng: np.random.Generator, count: int, dtype: str | None = None) -> dict:
+    """How a sweep dataset of ``count`` sequences is stored (``write_lengths``' keywords): its token
+    width, ``dtype`` or else uint16 or int32 (every current LLM vocabulary, 128K to 200K tokens,
+    gives int32), and for about a third, documents of several sequences. Drawn from a generator of
+    its own, so that the configurations' other draws are what the sweeps' thresholds were set on."""
+    shape: dict = {"dtype": dtype or str(rng.choice(["uint16", "int32"]))}
+    if count > 1 and rng.random() < 0.3:
+        shape["documents"] = [0, *(np.flatnonzero(rng.random(count - 1) < 0.5) + 1).tolist(), count]
+    return shape
 
 
 def prefix_build_config(c: dict, prefix: str, cache: str) -> BuildConfig:
@@ -73,6 +84,7 @@ def build_and_compare(cfg, comm, theirs: str, refuse: bool):
     result = build(cfg, comm)
     if comm.rank == 0:
         ours, reference = cache_files(cfg.cache_dir), cache_files(theirs)
+        assert reference, f"megatron-core wrote no cache in {theirs}: nothing to compare"
         assert sorted(ours) == sorted(reference), set(ours) ^ set(reference)
         for name in reference:
             assert ours[name] == reference[name], name
@@ -138,9 +150,21 @@ def random_blend_config(rng: np.random.Generator, huge: bool = False) -> dict:
     per_split = rng.random() < 0.2
     if not weighted and rng.random() < 0.3:
         sizes[int(rng.integers(0, 3))] = None  # exhaustive blending for that split
-    return dict(datasets=datasets, weights=random_weights(rng, n) if weighted else None,
-                split="100,0,0" if huge else str(rng.choice(BLEND_SPLITS)), sizes=sizes, L=L, x=int(rng.integers(0, 2)),
-                seed=int(rng.integers(0, 2**32)), drop_last=bool(rng.integers(0, 2)), per_split=per_split)
+    c = dict(datasets=datasets, weights=random_weights(rng, n) if weighted else None,
+             split="100,0,0" if huge else str(rng.choice(BLEND_SPLITS)), sizes=sizes, L=L, x=int(rng.integers(0, 2)),
+             seed=int(rng.integers(0, 2**32)), drop_last=bool(rng.integers(0, 2)), per_split=per_split)
+    shapes = np.random.default_rng([c["seed"], n])
+    for lengths in datasets:
+        # empty documents in about a third of the larger datasets; never two in a row, so that every
+        # split range (>= 5 % of the sequences, BLEND_SPLITS) keeps tokens: megatron-core loops
+        # forever on a split of empty sequences it is asked samples of
+        if len(lengths) >= 200 and shapes.random() < 0.3:
+            odd = np.arange(1, len(lengths), 2)
+            lengths[odd[shapes.random(len(odd)) < 0.2]] = 0
+    # one token width for the blend, as one tokenizer gives (megacache refuses mixed widths)
+    dtype = str(shapes.choice(["uint16", "int32"]))
+    c["shapes"] = [dataset_shape(shapes, len(lengths), dtype) for lengths in datasets]
+    return c
 
 
 def words(prefixes: list[str], weights) -> list[str]:

@@ -70,7 +70,7 @@ def test_dry_run_names_exactly_what_single_prefix_builds_write(tmp_path):
             continue
         root = str(tmp_path / f"c{k}")
         os.makedirs(root)
-        write_lengths(os.path.join(root, "data"), c["lengths"])
+        write_lengths(os.path.join(root, "data"), c["lengths"], **c["shape"])
         label = check_names_what_build_writes(prefix_build_config(c, os.path.join(root, "data"),
                                                                   os.path.join(root, "cache")), root)
         outcomes[label] = outcomes.get(label, 0) + 1
@@ -85,8 +85,8 @@ def test_dry_run_names_exactly_what_blend_builds_write(tmp_path):
         root = str(tmp_path / f"c{k}")
         os.makedirs(root)
         prefixes = [os.path.join(root, f"d{i:04d}") for i in range(len(c["datasets"]))]
-        for p, lengths in zip(prefixes, c["datasets"]):
-            write_lengths(p, lengths)
+        for p, lengths, shape in zip(prefixes, c["datasets"], c["shapes"]):
+            write_lengths(p, lengths, **shape)
         label = check_names_what_build_writes(blend_build_config(c, prefixes, os.path.join(root, "cache")), root)
         outcomes[label] = outcomes.get(label, 0) + 1
     assert outcomes.get("ok", 0) >= 20, outcomes
