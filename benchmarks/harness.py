@@ -107,16 +107,20 @@ def output_names(directory: str) -> list[str]:
     return sorted(n for n in os.listdir(directory) if n != STATE_DIR)
 
 
-def same_outputs(ours: str, theirs: str) -> None:
-    """Same file names, same bytes, or a failure naming the files. megacache's state directory
-    beside its outputs is its own; any other extra file is a failure."""
+def same_outputs(ours: str, theirs: str) -> int:
+    """Same file names, same bytes, or a failure naming the files; the bytes compared. megacache's
+    state directory beside its outputs is its own; any other extra file is a failure, and so is a
+    reference that wrote nothing."""
     names = sorted(os.listdir(theirs))
     mine = output_names(ours)
     if mine != names:
         raise BenchmarkFailure(f"output file names differ:\n  megacache {mine}\n  reference {names}")
+    if not names:
+        raise BenchmarkFailure(f"the reference wrote nothing in {theirs}")
     _, mismatch, errors = filecmp.cmpfiles(ours, theirs, names, shallow=False)
     if mismatch or errors:
         raise BenchmarkFailure(f"{ours}: files differ from the reference's in {theirs}: {mismatch + errors}")
+    return sum(os.path.getsize(os.path.join(theirs, name)) for name in names)
 
 
 def describe_outputs(directory: str) -> dict:

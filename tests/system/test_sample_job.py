@@ -39,7 +39,8 @@ def fresh_or_kept_venv(python: str, version: str) -> str:
         key = hashlib.sha256(f.read()).hexdigest()[:12]
     path = os.path.join(VENVS, f"py{version}-{key}")
     if not os.path.exists(os.path.join(path, "ready")):
-        shutil.rmtree(path, ignore_errors=True)
+        for stale in glob.glob(os.path.join(VENVS, f"py{version}-*")):  # made for another pyproject.toml
+            shutil.rmtree(stale, ignore_errors=True)
         # the interpreter's own venv module, as a user makes one: pip, and nothing else
         subprocess.run([python, "-m", "venv", path], check=True, timeout=300)
         open(os.path.join(path, "ready"), "w").close()
