@@ -4,9 +4,37 @@ import pytest
 
 # megatron-core warns loudly about optional CUDA extras on import; silence it for the oracle.
 os.environ.setdefault("PYTHONWARNINGS", "ignore")
-# Kernels through numba's JIT, whatever this machine's user has compiled, unless a test asks for
-# the compiled library (the kernel_mode and compiled_kernels fixtures).
-os.environ.setdefault("MEGACACHE_KERNEL_DIR", "jit")
+#: the kernels every test runs unless it asks otherwise (the kernel_mode fixture, the sweeps' JIT
+#: sample): the compiled library, as users run them after `megacache kernels`, compiled for this
+#: CPU once per machine and kernel sources (its name is their digest); a MEGACACHE_KERNEL_DIR set
+#: by whoever runs the tests is kept
+KERNELS = os.path.join(os.path.expanduser("~"), ".cache", "megacache", "test-kernels")
+
+
+def pytest_configure(config):
+    if "MEGACACHE_KERNEL_DIR" not in os.environ:
+        os.environ["MEGACACHE_KERNEL_DIR"] = compile_kernels(KERNELS)
+
+
+def compile_kernels(directory: str) -> str:
+    """``directory`` holding the kernels compiled for this CPU and these sources, and nothing else
+    of the kind: compiled by the first process of the run that gets there (an xdist worker or an
+    MPI rank), the others waiting on a lock."""
+    import fcntl
+    import glob
+
+    from megacache.runtime import kernels
+
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        library = kernels.library_path(directory)
+        if not os.path.exists(library):
+            for stale in glob.glob(os.path.join(directory, "megacache_kernels_*")):
+                os.remove(stale)
+            kernels.compile_library(directory)
+            kernels.forget_library()
+    return directory
 
 
 @pytest.fixture(scope="session")
@@ -79,23 +107,10 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture(scope="session")
-def compiled_kernels(tmp_path_factory) -> str:
+def compiled_kernels() -> str:
     """A directory holding megacache's kernels compiled natively for this CPU (what ``megacache
-    kernels`` makes), the test run's own: compiled once, by the first pytest-xdist worker that
-    needs it (tens of CPU seconds), the others waiting on a lock."""
-    import fcntl
-
-    from megacache.runtime import kernels
-
-    base = tmp_path_factory.getbasetemp()
-    run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    directory = run / "kernels"
-    with open(run / "kernels.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(kernels.library_path(str(directory))):
-            directory.mkdir(exist_ok=True)
-            kernels.compile_library(str(directory))
-    return str(directory)
+    kernels`` makes), and only them."""
+    return compile_kernels(KERNELS)
 
 
 @pytest.fixture(params=["jit", "native"])

@@ -64,10 +64,17 @@ def sweep(comm, count: int, seed: int) -> dict[str, int]:
                                 lambda workdir, c: run_both(mcore, comm, workdir, c))
 
 
-def test_random_configurations_single_rank(megatron):
-    outcomes = sweep(SingleComm(), 200, seed=1)
-    print("build conformance, 1 rank, 200 configurations:", outcomes)
-    assert outcomes.get("ok", 0) + outcomes.get("separated", 0) >= 150 and outcomes.get("separated", 0) >= 10
+@pytest.mark.parametrize("kernel_mode", ["native", "jit"], indirect=True)
+def test_random_configurations_single_rank(megatron, kernel_mode):
+    # every configuration through the compiled kernels, as users run them; the first tenth again
+    # through numba's JIT
+    count = 200 if kernel_mode == "native" else 20
+    outcomes = sweep(SingleComm(), count, seed=1)
+    print(f"build conformance, 1 rank, {count} configurations, {kernel_mode} kernels:", outcomes)
+    assert sum(outcomes.values()) == count
+    assert outcomes.get("ok", 0) + outcomes.get("separated", 0) >= 0.75 * count, outcomes
+    if kernel_mode == "native":
+        assert outcomes.get("separated", 0) >= 10, outcomes
 
 
 def test_memory_mapped_path_single_rank(megatron, monkeypatch):
@@ -80,11 +87,12 @@ def test_memory_mapped_path_single_rank(megatron, monkeypatch):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_random_configurations_under_mpi():
+@pytest.mark.parametrize("kernel_mode", ["native"], indirect=True)
+def test_random_configurations_under_mpi(kernel_mode):
     comm = get_comm("mpi")
     outcomes = sweep(comm, 200, seed=100 + comm.size)
     if comm.rank == 0:
-        print(f"build conformance, {comm.size} ranks, 200 configurations:", outcomes)
+        print(f"build conformance, {comm.size} ranks, 200 configurations, {kernel_mode} kernels:", outcomes)
     assert outcomes.get("ok", 0) + outcomes.get("separated", 0) >= 150
 
 
