@@ -7,16 +7,23 @@
 # tests/bridge_oracle.sh build once and reuse.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The oracle environments build in the background (downloads, mostly: minutes the first time,
-# nothing later) while the rest installs and the first tests run. A test that needs one waits for
-# its build (tests/support/oracles.py), and those tests run last in each tier (tests/conftest.py).
+# The oracle environments, and the venvs of the other Pythons the README's first command is tried
+# in, are made in the background (downloads, mostly: minutes the first time, nothing later) while
+# the rest installs and the first tests run. A test that needs one waits for it
+# (tests/support/oracles.py, tests/support/venvs.py); the oracles' tests run last in each tier.
 oracle_log=$(mktemp)
+venv_log=$(mktemp)
 bash tests/bridge_oracle.sh > "$oracle_log" 2>&1 &
 oracles=$!
-trap 'kill "$oracles" 2>/dev/null || true; rm -f "$oracle_log"' EXIT
+(cd tests && python -m support.venvs) > "$venv_log" 2>&1 &
+venvs=$!
+trap 'kill "$oracles" "$venvs" 2>/dev/null || true; rm -f "$oracle_log" "$venv_log"' EXIT
 # torch first, pinned: a looser requirement with no torch installed pulls GBs of CUDA wheels.
+# This machine kind's pip configuration names local package folders that may not exist: pip says
+# so for every package, and nothing else is wrong.
 pip_install() {
-  python -m pip install -q --disable-pip-version-check --no-warn-script-location --root-user-action=ignore "$@"
+  python -m pip install -q --disable-pip-version-check --no-warn-script-location --root-user-action=ignore "$@" 2>&1 |
+    { grep -v "is ignored: it is neither a file nor a directory" || true; }
 }
 pip_install torch==2.13.0
 pip_install -e '.[test]'
@@ -36,7 +43,7 @@ export PYTHONWARNINGS=ignore
 if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ "$(df -Pk /dev/shm | awk 'NR == 2 {print $4}')" -gt $((8 << 20)) ]; then
   TMPDIR=$(mktemp -d /dev/shm/megacache-tests.XXXXXX)
   export TMPDIR
-  trap 'kill "$oracles" 2>/dev/null || true; rm -f "$oracle_log"; rm -rf "$TMPDIR"' EXIT
+  trap 'kill "$oracles" "$venvs" 2>/dev/null || true; rm -f "$oracle_log" "$venv_log"; rm -rf "$TMPDIR"' EXIT
 fi
 started=$SECONDS
 summary=()
@@ -58,6 +65,10 @@ for n in 2 3; do
   tier "MPI tests on $n ranks" mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi tests
 done
 unset MEGACACHE_TEST_RANKS
+if ! wait "$venvs"; then
+  echo "Making the venvs ahead of their tests failed (the tests made them, or said why):"
+  tail -n 20 "$venv_log"
+fi
 if ! wait "$oracles"; then
   echo "The oracle environments were not built, and the tests that need them skipped:"
   grep -v "is ignored: it is neither" "$oracle_log" | tail -n 20
