@@ -93,6 +93,8 @@ def report(request):
 def pytest_runtest_logreport(report):
     if report.when == "teardown":
         REPORTS.extend(line for key, line in report.user_properties if key == "report")
+    if RANKS and report.when == "call" and report.passed and "mpi" in report.keywords:
+        MPI_RAN.append(report.nodeid)
     if RANKS and report.skipped and "mpi" in report.keywords:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         if "not built" not in reason:
@@ -100,6 +102,12 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if RANKS:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            terminalreporter.write_line(f"MPI tier: a world of {RANKS} ranks, as launched; {len(MPI_RAN)} MPI tests "
+                                        f"passed on rank 0, {len(MPI_SKIPS)} skipped")
     if REPORTS:
         terminalreporter.section("reports")
         for line in REPORTS:
@@ -140,8 +148,9 @@ def pytest_collection_modifyitems(items):
 
 #: the MPI tiers of tests/run_all.sh set this to the ranks they launch
 RANKS = os.environ.get("MEGACACHE_TEST_RANKS")
-#: MPI tests that skipped for a reason other than a missing oracle environment
+#: MPI tests that skipped for a reason other than a missing oracle environment, and those that passed
 MPI_SKIPS: list[str] = []
+MPI_RAN: list[str] = []
 
 
 def pytest_sessionstart(session):
@@ -154,11 +163,6 @@ def pytest_sessionstart(session):
         if size != int(RANKS):
             pytest.exit(f"launched as {RANKS} MPI ranks, this process sees a world of {size}: mpiexec and "
                         f"mpi4py's MPI library are not the same MPI", returncode=3)
-
-
-def pytest_report_header(config):
-    if RANKS:
-        return f"MPI tier: a world of {RANKS} ranks, as launched"
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -53,7 +53,8 @@ tier() {  # tier NAME COMMAND...: run one tier, keep pytest's last line for the 
   echo "=== $name"
   log=$(mktemp)
   "$@" 2>&1 | tee "$log"
-  summary+=("$name: $(grep -E '(passed|failed|error)' "$log" | tail -n 1 | tr -d '=' | sed 's/^ *//; s/ *$//' || true)")
+  # pytest's counts and time (under mpiexec every rank prints them, their lines sometimes joined)
+  summary+=("$name: $(grep -oE '[0-9]+ passed[^()]* in [0-9.]+s \([0-9:]+\)' "$log" | tail -n 1 || true)")
   rm -f "$log"
 }
 # Two pytest-xdist workers, whole files to each (a file's module fixtures, often oracle runs, are
