@@ -166,7 +166,35 @@ def pytest_sessionstart(session):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """In an MPI tier, an MPI test that skipped (but for an oracle environment not built) fails it."""
+    """In an MPI tier, an MPI test that skipped (but for an oracle environment not built) fails it.
+    The run's last process removes the shared-memory segments of MPI jobs the tests killed."""
     if MPI_SKIPS and exitstatus == 0:
         print("\nMPI tests skipped in an MPI tier:\n" + "\n".join(MPI_SKIPS))
         session.exitstatus = 1
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        remove_orphaned_segments()
+
+
+def remove_orphaned_segments(shm: str = "/dev/shm", older_than_s: float = 60.0) -> list[str]:
+    """MPICH's ``mpich_shm_*`` segments that no live process maps and that are older than a job's
+    start: left in memory (tmpfs) by the ranks the crash tests kill with SIGKILL, which never unmap
+    or unlink them. A job that is starting has mapped its own within milliseconds."""
+    import glob
+    import time
+
+    mapped = set()
+    for maps in glob.glob("/proc/[0-9]*/maps"):
+        try:
+            with open(maps) as f:
+                mapped.update(line.split(None, 5)[-1].strip() for line in f if "mpich_shm_" in line)
+        except OSError:  # the process ended
+            continue
+    removed = []
+    for path in glob.glob(os.path.join(shm, "mpich_shm_*")):
+        try:
+            if path not in mapped and time.time() - os.stat(path).st_mtime > older_than_s:
+                os.remove(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
