@@ -126,7 +126,8 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
     for p, s in scaling(rows).items():
         rows[p]["scaling"] = s
         rows[p]["vs_reference"] = {"speedup_wall": ref["wall_s"] / rows[p]["wall_s"],
-                                   "speedup_work": ref["work_s"] / rows[p]["work_s"],
+                                   # None where megacache's timed phases took no measurable time (a smoke size)
+                                   "speedup_work": ref["work_s"] / rows[p]["work_s"] if rows[p]["work_s"] else None,
                                    "rss_ratio": rows[p]["rss_max_kb"] / ref["rss_max_kb"]}
     return {"workload": name, "params": case.params, "prepare_s": prepare_s, "outputs": outputs,
             "compared": compared, "reference_name": case.reference_name,
