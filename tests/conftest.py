@@ -103,9 +103,7 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter):
     if RANKS:
-        from mpi4py import MPI
-
-        if MPI.COMM_WORLD.Get_rank() == 0:
+        if _mpi_rank() == 0:
             terminalreporter.write_line(f"MPI tier: a world of {RANKS} ranks, as launched; {len(MPI_RAN)} MPI tests "
                                         f"passed on rank 0, {len(MPI_SKIPS)} skipped")
     if REPORTS:
@@ -171,8 +169,14 @@ def pytest_sessionfinish(session, exitstatus):
     if MPI_SKIPS and exitstatus == 0:
         print("\nMPI tests skipped in an MPI tier:\n" + "\n".join(MPI_SKIPS))
         session.exitstatus = 1
-    if not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not os.environ.get("PYTEST_XDIST_WORKER") and not (RANKS and _mpi_rank()):
         remove_orphaned_segments()
+
+
+def _mpi_rank() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()
 
 
 def remove_orphaned_segments(shm: str = "/dev/shm", older_than_s: float = 60.0) -> list[str]:
