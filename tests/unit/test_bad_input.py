@@ -122,6 +122,7 @@ class Case:
     expect: tuple[str, ...]            # in the message; "{t}" stands for the case's directory
     report_on_stdout: bool = False     # verify reports each dataset on stdout, and a verdict on stderr
     fsize_limit: int | None = None     # run as a subprocess under this RLIMIT_FSIZE (bytes)
+    permissions: bool = False          # run as a subprocess that file permissions bind, root's too
 
 
 def case(name: str, argv, *expect: str, marks=(), **options):
@@ -296,8 +297,7 @@ CASES = [
          "{t}/afile"),
     case("tokenize-output-directory-not-writable",
          lambda w: ["tokenize", "--input", w.sound_jsonl(), "--output-prefix", w.read_only_dir() + "/o"],
-         "{t}/ro",
-         marks=pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a 0o500 directory")),
+         "{t}/ro", permissions=True),
     case("tokenize-output-file-size-limit",  # parts fit, the assembled .bin does not
          lambda w: [*w.tokenize(w.big_jsonl()), "--unit-bytes", "64K"],
          "{t}/out/.o_text_document.bin", "cannot write (File too large)", fsize_limit=300 << 10),
@@ -332,8 +332,13 @@ def files_under(root: Path) -> dict[str, tuple[int, int]]:
             for p in root.rglob("*") if p.is_file()}
 
 
-def run_cli(argv: list[str], capsys, fsize_limit: int | None) -> tuple[int, str, str]:
-    if fsize_limit is None:
+#: for root, a command whose process lacks the capabilities that let root ignore file permissions
+#: (util-linux's setpriv drops them from the bounding set; the program it runs starts without them)
+BOUND_BY_PERMISSIONS = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+
+
+def run_cli(argv: list[str], capsys, fsize_limit: int | None = None, permissions: bool = False) -> tuple[int, str, str]:
+    if fsize_limit is None and not permissions:
         try:
             code = main(argv)
         except SystemExit as exc:  # argparse's own errors
@@ -342,10 +347,12 @@ def run_cli(argv: list[str], capsys, fsize_limit: int | None) -> tuple[int, str,
         return code, captured.out, captured.err
 
     def limit() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
+        if fsize_limit is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize_limit, fsize_limit))
 
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-m", "megacache", *argv], capture_output=True, text=True, env=env,
+    prefix = BOUND_BY_PERMISSIONS if permissions else []
+    proc = subprocess.run([*prefix, sys.executable, "-m", "megacache", *argv], capture_output=True, text=True, env=env,
                           preexec_fn=limit, timeout=300)
     return proc.returncode, proc.stdout, proc.stderr
 
@@ -364,7 +371,7 @@ def test_bad_input_is_refused_clearly_and_publishes_nothing(tmp_path, capsys, co
     w = Work(tmp_path)
     argv = c.argv(w)
     before = files_under(tmp_path)
-    code, out, err = run_cli(argv, capsys, c.fsize_limit)
+    code, out, err = run_cli(argv, capsys, c.fsize_limit, c.permissions)
 
     shown = f"exit {code}\n--- stdout\n{out}\n--- stderr\n{err}"
     assert code == 2, shown
