@@ -50,10 +50,9 @@ def test_random_datasets_equal_megatron_bytes(tmp_path, megatron, dtype):
         ours.read_lengths(3, len(ours) + 1)
 
 
-def test_optimal_dtype_threshold():
-    assert optimal_dtype(65499) == np.uint16
-    assert optimal_dtype(65500) == np.int32
-    assert optimal_dtype(None) == np.int32
+def test_optimal_dtype_is_megatrons(megatron):
+    for cardinality in (None, 0, 1, 255, 256, 65_499, 65_500, 65_535, 65_536, 128_256, 2**31):
+        assert optimal_dtype(cardinality) == megatron.DType.optimal_dtype(cardinality), cardinality
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,6 @@ import json
 import warnings
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 from megacache.text.backends import SELF_TEST_TEXTS
@@ -54,7 +53,7 @@ def _oracle(megatron, tmp_path, docs, **args):
         warnings.simplefilter("ignore")
         tok = build_tokenizer(SimpleNamespace(**{**flags, **args}))
     prefix = str(tmp_path / "oracle")
-    dtype = np.uint16 if tok.vocab_size < 65500 else np.int32
+    dtype = megatron.DType.optimal_dtype(tok.vocab_size)
     megatron_reference(megatron, prefix, docs, lambda ds: [tok.tokenize(d) for d in ds], tok.eod, dtype)
     return file_bytes(prefix)
 

@@ -79,18 +79,26 @@ def write_sentencepiece_model(path) -> None:
         model_type="bpe", minloglevel=2)
 
 
-def write_tiktoken_ranks(path, bpe) -> None:
-    """A tiktoken rank file (megatron-core's JSON form): the 256 bytes, then the BPE's merged tokens
-    as bytes (its added tokens left out: no merge makes them), TIKTOKEN_RANKS entries in all."""
+def write_tiktoken_ranks(path, bpe, fillers: int = 0) -> None:
+    """A tiktoken rank file (megatron-core's JSON form): the 256 bytes, ``fillers`` entries no UTF-8
+    text can produce, then the BPE's merged tokens as bytes (its added tokens left out: no merge
+    makes them), TIKTOKEN_RANKS + ``fillers`` entries in all. Fillers change the merged tokens'
+    ranks, not their order, so a text splits as without them. Each filler is two earlier entries
+    joined, as in a trained rank file (gigatoken derives merges from that): byte 0xff and a byte,
+    then two such pairs, then a pair of pairs and a pair; 0xff is in no UTF-8 text."""
     import base64
+    import itertools
 
     byte_of = {c: b for b, c in enumerate(_byte_level_chars())}
     tokens = [bytes([b]) for b in range(256)]
+    pairs = [b"\xff" + bytes([b]) for b in range(256)]
+    quads = [x + y for x in pairs for y in pairs]
+    tokens += itertools.islice(itertools.chain(pairs, quads, (x + y for x in quads for y in pairs)), fillers)
     added = {t.content for t in bpe.get_added_tokens_decoder().values()}
     merged = sorted((i, t) for t, i in bpe.get_vocab().items()
                     if len(t) > 1 and t not in added and all(c in byte_of for c in t))
     tokens += [bytes(byte_of[c] for c in t) for _, t in merged][:TIKTOKEN_RANKS - 256]
-    assert len(tokens) == TIKTOKEN_RANKS
+    assert len(tokens) == TIKTOKEN_RANKS + fillers
     path.write_text(json.dumps([{"rank": i, "token_bytes": base64.b64encode(t).decode(),
                                  "token_str": t.decode("utf-8", "replace")} for i, t in enumerate(tokens)]))
 
@@ -147,3 +155,52 @@ def write_pbin_tokenizers(root: Path) -> dict[str, Path]:
             {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
         dirs[name] = d
     return dirs
+
+
+# Vocabularies above 65,500 tokens (Megatron stores their ids as int32) made from small trained ones:
+# unused entries ("fillers") that no text can produce are added so that the trained entries' ids
+# spread across the whole range, above 65,535 too. The ids a text gets change; how it is split
+# does not.
+
+def widen_bpe(tokenizer_json: str, directory: Path, vocab_size: int, seed: int = 0) -> Path:
+    """A Hugging Face directory of the byte-level BPE in ``tokenizer_json`` with ``vocab_size`` ids:
+    its tokens and added tokens at random ids, the rest fillers that contain a space, which no
+    byte-level pre-tokenized word does (so neither merges nor a whole-word lookup reach them)."""
+    import numpy as np
+
+    spec = json.loads(Path(tokenizer_json).read_text())
+    vocab = spec["model"]["vocab"]
+    added = spec["added_tokens"]
+    ids = np.random.default_rng(seed).choice(vocab_size, len(vocab) + len(added), replace=False)
+    new_vocab = {token: int(i) for token, i in zip(sorted(vocab, key=vocab.get), ids)}
+    for token, i in zip(added, ids[len(vocab):]):
+        token["id"] = int(i)
+        new_vocab[token["content"]] = int(i)
+    used = set(new_vocab.values())
+    new_vocab.update((f"filler {i}", i) for i in range(vocab_size) if i not in used)
+    spec["model"]["vocab"] = dict(sorted(new_vocab.items(), key=lambda item: item[1]))
+    directory.mkdir(parents=True)
+    (directory / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False))
+    (directory / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
+    return directory
+
+
+def widen_sentencepiece(model: Path, out: Path, vocab_size: int) -> Path:
+    """The SentencePiece model ``model`` with fillers (pieces of a private-use character no text
+    here holds) inserted at its middle piece, so that its later pieces get ids near ``vocab_size``."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model.read_bytes())
+    pieces = list(proto.pieces)
+    middle = len(pieces) // 2
+    fillers = []
+    for i in range(vocab_size - len(pieces)):
+        filler = sentencepiece_model_pb2.ModelProto.SentencePiece()
+        filler.piece, filler.score = f"\U000f0000{i}", -1e9
+        fillers.append(filler)
+    del proto.pieces[:]
+    proto.pieces.extend(pieces[:middle] + fillers + pieces[middle:])
+    out.write_bytes(proto.SerializeToString())
+    return out
