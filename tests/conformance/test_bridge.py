@@ -24,6 +24,7 @@ from megacache.runtime.fsio import write_atomic
 from megacache.megatron.bridge import load_yaml, read_config
 from support.oracle import write_lengths
 from support.oracles import ORACLE_RUNS, built, run_key
+from support.oracles import WORKER as MEGATRON_WORKER
 from support.sweeps import cache_files
 from support.tokenizer_cases import random_cases
 from support.tokenizer_files import write_tokenizer_files
@@ -174,7 +175,8 @@ def oracle_run(comm) -> tuple[str, list[dict], list[dict]]:
     if not built(ROOT):  # on every rank, before any collective
         pytest.skip("Megatron-Bridge oracle not built: run bash tests/bridge_oracle.sh")
     rng = random.Random("megacache bridge")
-    key = run_key([random_spec(rng, Path("ROOT"), f"ROOT/theirs/{i}") for i in range(CONFIGS)], "0.6.2", WORKER)
+    key = run_key([random_spec(rng, Path("ROOT"), f"ROOT/theirs/{i}") for i in range(CONFIGS)], "0.6.2", WORKER,
+                  MEGATRON_WORKER)
     root = os.path.join(ORACLE_RUNS, f"bridge-{key}")
     rng = random.Random("megacache bridge")
     specs = [random_spec(rng, Path(root), os.path.join(root, "theirs", str(i))) for i in range(CONFIGS)]
@@ -201,7 +203,7 @@ def oracle_run(comm) -> tuple[str, list[dict], list[dict]]:
 def bridge_sweep(comm) -> dict[str, int]:
     """Every random configuration built by megacache with ``comm``'s ranks from the YAML Bridge wrote,
     compared with Bridge's own build (what it refused, refused here too)."""
-    from megacache.builders.build import BuildConfig, build
+    from megacache.builders.build import BuildConfig
     from support.sweeps import build_and_compare
 
     root, specs, results = oracle_run(comm)
@@ -226,15 +228,10 @@ def bridge_sweep(comm) -> dict[str, int]:
         try:
             cfg = BuildConfig(**{**ours.build_fields(), "cache_dir": os.path.join(workdir, "ours"),
                                  "sequences_path": ""})
-            if theirs.get("error"):  # megatron-core refused while building (e.g. oversampling)
-                if comm.size == 1:
-                    refuses(lambda: build(cfg, comm), label)
-                else:
-                    with pytest.raises(MegacacheError):
-                        build(cfg, comm)
+            # where megatron-core refused while building, megacache refuses for the same reason
+            if build_and_compare(cfg, comm, theirs["path_to_cache"], theirs.get("error")) is None:
                 outcomes["refused while building"] = outcomes.get("refused while building", 0) + 1
                 continue
-            build_and_compare(cfg, comm, theirs["path_to_cache"], refuse=False)
             if comm.rank == 0:
                 assert sorted(cache_files(cfg.cache_dir)) == sorted(theirs["files"]), label
         finally:

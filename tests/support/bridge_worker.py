@@ -116,11 +116,14 @@ def run_one(item: dict, build: bool, modules) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}", "stage": "validate",
                 "trace": traceback.format_exc(limit=-3)}
     if build:
+        from megatron.core.datasets.gpt_dataset import GPTDataset
+        from oracle_worker import refusal, stopped_where_it_loops  # this script's folder
+
         try:
-            with contextlib.redirect_stdout(sys.stderr):
+            with contextlib.redirect_stdout(sys.stderr), stopped_where_it_loops(GPTDataset):
                 loaders.build_train_valid_test_datasets(cfg, get_dataset_provider(cfg.dataset))
         except Exception as exc:
-            answer.update(error=f"{type(exc).__name__}: {exc}", stage="build")
+            answer.update(error=refusal(exc), stage="build")
         answer["files"] = _files(d.path_to_cache)
     return answer
 

@@ -34,7 +34,8 @@ def megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache=N
     """megatron-core's ``BlendedMegatronDatasetBuilder(...).build()`` for the tests' configuration (the
     null tokenizer, no reset/eod flags); ``data`` is ``blend=(prefixes, weights), split=...`` or
     ``blend_per_split=[...]``. With ``path_to_cache`` it also writes its cache files there, and with
-    ``sequences_file`` the --per-dataset-sequences-path file Megatron-LM's tool writes."""
+    ``sequences_file`` the --per-dataset-sequences-path file Megatron-LM's tool writes. Where it would
+    loop forever it raises LoopsForever (``support.oracle_worker``) instead."""
     config = mcore.gpt.GPTDatasetConfig(
         random_seed=seed,
         sequence_length=L,
@@ -47,7 +48,9 @@ def megatron_datasets(mcore, sizes, seed, L, x, drop_last_valid, path_to_cache=N
         path_to_cache=path_to_cache,
         **data,
     )
-    with warnings.catch_warnings():
+    from support.oracle_worker import stopped_where_it_loops
+
+    with warnings.catch_warnings(), stopped_where_it_loops(mcore.gpt.GPTDataset):
         warnings.simplefilter("ignore")
         built = mcore.Builder(mcore.gpt.GPTDataset, sizes, lambda: True, config).build()
     if sequences_file:

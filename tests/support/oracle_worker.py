@@ -12,7 +12,7 @@ Requests:
   checkout's ``megatron.training``; the wheels have none): names, destination, switch or not, default.
 * ``{"task": "caches", "configs": [...]}``: for each configuration, megatron-core's
   ``BlendedMegatronDatasetBuilder(GPTDataset, ...).build()`` writing its cache to ``path_to_cache``;
-  the answer per configuration is None or the error it raised.
+  the answer per configuration is None or how it refused (``refusal``).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import io
 import json
 import os
 import sys
+import traceback
 import warnings
 from types import SimpleNamespace
 
@@ -99,6 +100,38 @@ def tokenizer_flags(request: dict) -> list:
             for a in parser._actions if a.option_strings and a.dest != "help"]
 
 
+class LoopsForever(Exception):
+    """Where megatron-core's GPTDataset would loop forever: counting the epochs of a split that has
+    no tokens and is asked for samples."""
+
+
+@contextlib.contextmanager
+def stopped_where_it_loops(gpt_dataset_class):
+    """``gpt_dataset_class`` (this version's GPTDataset) raising LoopsForever, naming the split,
+    where its epoch count would never end: its own loop's condition on its own split, checked once."""
+    count_epochs = gpt_dataset_class._get_num_epochs
+
+    def checked(self, num_tokens_per_epoch: int) -> int:
+        if num_tokens_per_epoch == 0 and self.num_samples is not None and (
+                self.num_samples * self.config.sequence_length + self.config.add_extra_token_to_sequence > 0):
+            raise LoopsForever(f"the {self.index_split.name} split has no tokens and {self.num_samples} "
+                               "samples are asked of it")
+        return count_epochs(self, num_tokens_per_epoch)
+
+    gpt_dataset_class._get_num_epochs = checked
+    try:
+        yield
+    finally:
+        gpt_dataset_class._get_num_epochs = count_epochs
+
+
+def refusal(exc: BaseException) -> str:
+    """How megatron-core refused: the exception's class, the file, function and source line that
+    raised it, and its message."""
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    return f"{type(exc).__name__} in {os.path.basename(frame.filename)} {frame.name}: {frame.line} | {exc}"
+
+
 def write_sequences_file(blend, blend_per_split, path: str) -> None:
     """What Megatron-LM's tools/build_sequences_per_dataset.py writes for these data flags: every
     prefix (blend first, then train, valid, test; first appearance) -> its .idx header's (sequence
@@ -147,13 +180,13 @@ def caches(request: dict) -> list:
                 reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
                 add_extra_token_to_sequence=bool(c["x"]), drop_last_partial_validation_sequence=c["drop_last"],
                 path_to_cache=c["path_to_cache"], **data)
-            with contextlib.redirect_stdout(io.StringIO()):
+            with contextlib.redirect_stdout(io.StringIO()), stopped_where_it_loops(GPTDataset):
                 BlendedMegatronDatasetBuilder(GPTDataset, c["sizes"], lambda: True, config).build()
             write_sequences_file(c.get("blend"), c.get("blend_per_split"),
                                  os.path.join(c["path_to_cache"], "sequences_per_dataset.json"))
             out.append(None)
-        except Exception as exc:  # megacache must refuse these too
-            out.append(f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # megacache must refuse these too, for the same reason
+            out.append(refusal(exc))
     return out
 
 

@@ -44,13 +44,15 @@ def recorded_main(name: str) -> dict:
         return json.load(f)
 
 
-def run_key(asked, release: str, worker: str) -> str:
+def run_key(asked, release: str, *workers: str) -> str:
     """The name an oracle run is kept under in ORACLE_RUNS: a digest of what it was asked, the
-    oracle's release and the source of the worker that asked it, so that a change to any of them
-    makes the run again."""
-    with open(worker, "rb") as f:
-        code = hashlib.sha256(f.read()).hexdigest()
-    return hashlib.sha256(json.dumps([asked, release, code]).encode()).hexdigest()[:16]
+    oracle's release and the source of the workers that asked it (a script and those it imports),
+    so that a change to any of them makes the run again."""
+    code = []
+    for worker in workers:
+        with open(worker, "rb") as f:
+            code.append(hashlib.sha256(f.read()).hexdigest())
+    return hashlib.sha256(json.dumps([asked, release, *code]).encode()).hexdigest()[:16]
 
 
 def built(root: str) -> bool:

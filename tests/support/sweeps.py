@@ -5,6 +5,7 @@ the build command line of the system tests."""
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
 
 import numpy as np
@@ -74,11 +75,40 @@ def cache_files(directory: str) -> dict[str, bytes]:
             if e.is_file()}
 
 
-def build_and_compare(cfg, comm, theirs: str, refuse: bool):
-    """megacache refuses what megatron-core refused (None); else its cache directory equals
-    megatron-core's, file for file, byte for byte (the result)."""
-    if refuse:
-        with pytest.raises(MegacacheError):
+#: megatron-core's refusals in the sweeps (``support.oracle_worker.refusal``: the exception, the source
+#: line that raised it, its message), each with the reason megacache gives for the same condition
+REFUSALS = [
+    (r"AssertionError in helpers\.py build_sample_idx: assert sample_idx\.min\(\) >= 0",
+     r"the last document of the shuffled document index is empty"),
+    (r"LoopsForever .* \| the (\w+) split has no tokens and",
+     r"the \1 split is (empty|made of empty sequences) .* megatron-core would loop forever"),
+    (r"AssertionError in blended_megatron_dataset_builder\.py __init__: assert weights_are_none.* for (\w+) split",
+     r"the \1 split has weights but no sample count"),
+    (r"AssertionError in blended_dataset\.py __init__: assert all\(map\(lambda _: _ > 0, weights\)\)",
+     r"split has no samples, so it gets weight 0 in this unweighted blend, which megatron-core rejects"),
+]
+
+#: the most configurations of a sweep megatron-core may refuse: the generators give 1-5 % (measured,
+#: e.g. 7 and 8 of 200 in the one-rank one-prefix and blend sweeps), so a change to them that makes
+#: the sweeps compare much less fails
+REFUSED_AT_MOST = 0.08
+
+
+def megacache_reason(refusal: str) -> str:
+    """The pattern of megacache's error for megatron-core's ``refusal``."""
+    for theirs, ours in REFUSALS:
+        found = re.search(theirs, refusal)
+        if found:
+            return "(?s)" + found.expand(ours)
+    pytest.fail(f"megatron-core refused for a reason REFUSALS does not know: {refusal}. Find the condition, "
+                "check that megacache refuses it, and add the pair.")
+
+
+def build_and_compare(cfg, comm, theirs: str, refusal: str | None):
+    """megacache refuses what megatron-core refused, for the same reason (None); else its cache
+    directory equals megatron-core's, file for file, byte for byte (the result)."""
+    if refusal:
+        with pytest.raises(MegacacheError, match=megacache_reason(refusal)):
             build(cfg, comm)
         return None
     result = build(cfg, comm)
@@ -90,19 +120,6 @@ def build_and_compare(cfg, comm, theirs: str, refuse: bool):
             assert ours[name] == reference[name], name
     comm.barrier()
     return result
-
-
-def would_hang(c: dict) -> bool:
-    """megatron-core loops forever when a split has no tokens and an integer sample count asks for
-    any (docs/megatron.md §2.9): an empty range, or a range of empty sequences."""
-    from megacache.algorithms.splits import split_matrix, split_ranges
-
-    ranges = split_ranges(split_matrix(c["split"]), len(c["lengths"]))
-    for rng, size in zip(ranges, c["sizes"]):
-        if rng is not None and size is not None and c["lengths"][rng[0]:rng[1]].sum() == 0:
-            if size * c["L"] + c["x"] > 0:
-                return True
-    return False
 
 
 #: splits whose every non-empty range holds >= 5 % of the sequences
@@ -194,15 +211,18 @@ def blend_build_config(c: dict, prefixes: list[str], cache: str, **tuning) -> Bu
 
 
 def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
-    """megatron-core builds and saves every cache (in a torch_group); None, or why it refuses."""
-    if c["per_split"]:
+    """megatron-core builds and saves every cache of ``random_config``'s or ``random_blend_config``'s
+    ``c`` (a blend's in a torch_group); None, or how it refused (``refusal``)."""
+    if c.get("per_split"):
         data = dict(blend_per_split=per_split_blends(c, prefixes))
     else:
-        data = dict(blend=(prefixes, c["weights"]), split=c["split"])
+        data = dict(blend=(prefixes, c.get("weights")), split=c["split"])
     try:
         megatron_datasets(mcore, c["sizes"], c["seed"], c["L"], c["x"], c["drop_last"], cache, True, **data)
-    except Exception as exc:  # megacache must refuse these too
-        return f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # megacache must refuse these too, for the same reason
+        from support.oracle_worker import refusal
+
+        return refusal(exc)
     return None
 
 

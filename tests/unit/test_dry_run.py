@@ -14,8 +14,7 @@ import pytest
 from megacache.builders.build import build, inventory
 from megacache.runtime.comm import SingleComm
 from support.oracle import write_lengths
-from support.sweeps import (blend_build_config, prefix_build_config, random_blend_config, random_config,
-                            would_hang)
+from support.sweeps import blend_build_config, prefix_build_config, random_blend_config, random_config
 from megacache.errors import MegacacheError
 
 
@@ -66,8 +65,6 @@ def test_dry_run_names_exactly_what_single_prefix_builds_write(tmp_path):
     outcomes = {}
     for k in range(40):
         c = random_config(rng)
-        if would_hang(c):
-            continue
         root = str(tmp_path / f"c{k}")
         os.makedirs(root)
         write_lengths(os.path.join(root, "data"), c["lengths"], **c["shape"])
