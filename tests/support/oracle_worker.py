@@ -126,9 +126,11 @@ def stopped_where_it_loops(gpt_dataset_class):
 
 
 def refusal(exc: BaseException) -> str:
-    """How megatron-core refused: the exception's class, the file, function and source line that
-    raised it, and its message."""
-    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    """How megatron-core refused: the exception's class, the file, function and source line of
+    megatron-core's (or this file's) that raised it, even from inside numpy, and its message."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "megatron" in f.filename.split(os.sep)[:-1] or f.filename == __file__]
+    frame = (ours or frames)[-1]
     return f"{type(exc).__name__} in {os.path.basename(frame.filename)} {frame.name}: {frame.line} | {exc}"
 
 

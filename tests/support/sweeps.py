@@ -76,10 +76,18 @@ def cache_files(directory: str) -> dict[str, bytes]:
 
 
 #: megatron-core's refusals in the sweeps (``support.oracle_worker.refusal``: the exception, the source
-#: line that raised it, its message), each with the reason megacache gives for the same condition
+#: line that raised it, its message), each with the reason megacache gives for the same condition (a
+#: template of the first's groups, or a function of its match)
 REFUSALS = [
     (r"AssertionError in helpers\.py build_sample_idx: assert sample_idx\.min\(\) >= 0",
      r"the last document of the shuffled document index is empty"),
+    (r"ValueError in helpers\.py build_sample_idx: assert sample_idx\.min\(\) >= 0.* \| zero-size array",
+     r"the split has 0 tokens: no sample of sequence_length"),
+    # megatron-core's "number" counts only the datasets the blend draws any sample from (it enumerates
+    # numpy.unique of the dataset index); megacache names the dataset's place in the blend
+    (r"IndexError in blended_dataset\.py _build_indices: .* \| The (\w+) blend oversamples .* requests (\d+) "
+     r"samples from GPTDataset number \d+ in excess of its size (\d+)",
+     lambda m: rf"the {m[1]} blend takes {int(m[2]):,} samples from .* \(dataset \d+\), which has only {int(m[3]):,}"),
     (r"LoopsForever .* \| the (\w+) split has no tokens and",
      r"the \1 split is (empty|made of empty sequences) .* megatron-core would loop forever"),
     (r"AssertionError in blended_megatron_dataset_builder\.py __init__: assert weights_are_none.* for (\w+) split",
@@ -88,10 +96,10 @@ REFUSALS = [
      r"split has no samples, so it gets weight 0 in this unweighted blend, which megatron-core rejects"),
 ]
 
-#: the most configurations of a sweep megatron-core may refuse: the generators give 1-5 % (measured,
-#: e.g. 7 and 8 of 200 in the one-rank one-prefix and blend sweeps), so a change to them that makes
-#: the sweeps compare much less fails
-REFUSED_AT_MOST = 0.08
+#: the most configurations of a sweep megatron-core may refuse, so that a change to the generators
+#: that makes the sweeps compare much less fails. Measured, of 200: one prefix 7, 8 and 4 (seeds of
+#: 1, 2 and 3 ranks), 6 against 0.19; blends 8, 16 and 12, 10 against 0.19
+REFUSED_AT_MOST = 0.1
 
 
 def megacache_reason(refusal: str) -> str:
@@ -99,7 +107,7 @@ def megacache_reason(refusal: str) -> str:
     for theirs, ours in REFUSALS:
         found = re.search(theirs, refusal)
         if found:
-            return "(?s)" + found.expand(ours)
+            return "(?s)" + (ours(found) if callable(ours) else found.expand(ours))
     pytest.fail(f"megatron-core refused for a reason REFUSALS does not know: {refusal}. Find the condition, "
                 "check that megacache refuses it, and add the pair.")
 
