@@ -35,6 +35,8 @@ def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) ->
     result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refusal)
     if result is None:
         return "refused"
+    width = f"{c['shapes'][0]['dtype']} compared"
+    stats[width] = stats.get(width, 0) + 1
     if any(b.chunks > 1 for b in result.blends):
         stats["chunked"] = stats.get("chunked", 0) + 1
         stats["recomputed"] = stats.get("recomputed", 0) + sum(b.recomputed for b in result.blends)
@@ -42,7 +44,8 @@ def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) ->
 
 
 def sweep(comm: Comm, count: int, seed: int, huge: int = 0, **tuning) -> dict[str, int]:
-    """Outcome counts, plus "chunked" (blends cut over ranks) and "recomputed" (samples repaired)."""
+    """Outcome counts, plus "chunked" (blends cut over ranks), "recomputed" (samples repaired) and
+    "uint16 compared", "int32 compared" (blends compared by their datasets' token width)."""
     with torch_group() if comm.rank == 0 else nullcontext():
         return _sweep(comm, load_mcore() if comm.rank == 0 else None, count, seed, huge, **tuning)
 
@@ -57,13 +60,15 @@ def _sweep(comm: Comm, mcore, count: int, seed: int, huge: int, **tuning) -> dic
 
 
 @pytest.mark.parametrize("kernel_mode", ["native", "jit"], indirect=True)
-def test_random_blends_single_rank(megatron, kernel_mode):
+def test_random_blends_single_rank(megatron, kernel_mode, report):
     # Every blend through the compiled kernels, as users run them; the first tenth again through
     # numba's JIT. Small blend blocks: a blend is computed and written in many pieces.
     count = 200 if kernel_mode == "native" else 20
     outcomes = sweep(SingleComm(), count, seed=7, huge=1, blend_block=1000)
-    print(f"blend conformance, 1 rank, {count} blends, {kernel_mode} kernels:", outcomes)
-    assert sum(outcomes.values()) == count and outcomes.get("refused", 0) <= REFUSED_AT_MOST * count, outcomes
+    report(f"blend build, 1 rank, {count} blends, {kernel_mode} kernels: {outcomes}")
+    labels = sum(v for k, v in outcomes.items() if not k.endswith(" compared"))
+    assert labels == count and outcomes.get("refused", 0) <= REFUSED_AT_MOST * count, outcomes
+    assert outcomes.get("int32 compared", 0) >= count // 5, outcomes
     assert "chunked" not in outcomes
     if kernel_mode == "native":
         assert min(outcomes.get(k, 0) for k in ("weighted", "unweighted", "per-split")) >= 10, outcomes
@@ -71,15 +76,15 @@ def test_random_blends_single_rank(megatron, kernel_mode):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kernel_mode", ["native"], indirect=True)
-def test_random_blends_under_mpi(kernel_mode):
+def test_random_blends_under_mpi(kernel_mode, report):
     comm = get_comm("mpi")
     # Blends are cut into one chunk per rank from 50 samples per rank on, so that the chunked
     # blend and its repair run here; no warmup, so that guesses are sometimes wrong; each chunk
     # blended in pieces of 997 samples.
     outcomes = sweep(comm, 200, seed=300 + comm.size, blend_min_chunk=50, blend_warmup=0, blend_block=997)
     if comm.rank == 0:
-        print(f"blend conformance, {comm.size} ranks, 200 blends, {kernel_mode} kernels:", outcomes)
-    assert outcomes.get("refused", 0) <= REFUSED_AT_MOST * 200, outcomes
+        report(f"blend build, {comm.size} ranks, 200 blends, {kernel_mode} kernels: {outcomes}")
+    assert outcomes.get("refused", 0) <= REFUSED_AT_MOST * 200 and outcomes.get("int32 compared", 0) >= 40, outcomes
     # The chunked blend ran, and some chunks started from a wrong guess and were repaired.
     assert outcomes.get("chunked", 0) >= 50 and outcomes.get("recomputed", 0) > 0, outcomes
 

@@ -18,8 +18,9 @@ from support.oracle import load_mcore, sweep_configurations, write_lengths
 from support.sweeps import REFUSED_AT_MOST, build_and_compare, megatron_build, prefix_build_config, random_config
 
 
-def run_both(mcore, comm, workdir: str, c: dict) -> str:
-    """Build with megatron-core (rank 0) and megacache (all ranks); compare. Returns a label."""
+def run_both(mcore, comm, workdir: str, c: dict, widths: dict | None = None) -> str:
+    """Build with megatron-core (rank 0) and megacache (all ranks); compare. Returns a label, and
+    counts the comparison in ``widths`` by the dataset's token width."""
     prefix = os.path.join(workdir, "data")
     refusal = None
     if comm.rank == 0:
@@ -31,24 +32,29 @@ def run_both(mcore, comm, workdir: str, c: dict) -> str:
     result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refusal)
     if result is None:
         return "refused"
+    if widths is not None:
+        widths[c["shape"]["dtype"]] = widths.get(c["shape"]["dtype"], 0) + 1
     return "separated" if any(s.plan.separate_final_epoch for s in result.gpt) else "ok"
 
 
-def sweep(comm, count: int, seed: int) -> dict[str, int]:
+def sweep(comm, count: int, seed: int) -> tuple[dict[str, int], dict[str, int]]:
+    """The outcomes' counts, and the comparisons' by token width."""
     mcore = load_mcore() if comm.rank == 0 else None
     rng = np.random.default_rng(seed)
-    return sweep_configurations(comm, (random_config(rng) for _ in range(count)),
-                                lambda workdir, c: run_both(mcore, comm, workdir, c))
+    widths: dict[str, int] = {}
+    outcomes = sweep_configurations(comm, (random_config(rng) for _ in range(count)),
+                                    lambda workdir, c: run_both(mcore, comm, workdir, c, widths))
+    return outcomes, widths
 
 
 @pytest.mark.parametrize("kernel_mode", ["native", "jit"], indirect=True)
-def test_random_configurations_single_rank(megatron, kernel_mode):
+def test_random_configurations_single_rank(megatron, kernel_mode, report):
     # every configuration through the compiled kernels, as users run them; the first tenth again
     # through numba's JIT
     count = 200 if kernel_mode == "native" else 20
-    outcomes = sweep(SingleComm(), count, seed=1)
-    print(f"build conformance, 1 rank, {count} configurations, {kernel_mode} kernels:", outcomes)
-    assert sum(outcomes.values()) == count
+    outcomes, widths = sweep(SingleComm(), count, seed=1)
+    report(f"build, 1 rank, {count} configurations, {kernel_mode} kernels: {outcomes}; compared by token width: {widths}")
+    assert sum(outcomes.values()) == count and widths.get("int32", 0) >= count // 5, (outcomes, widths)
     assert outcomes.get("refused", 0) <= REFUSED_AT_MOST * count, outcomes
     if kernel_mode == "native":
         assert outcomes.get("separated", 0) >= 10, outcomes
@@ -59,18 +65,20 @@ def test_memory_mapped_path_single_rank(megatron, monkeypatch):
     import megacache.builders.gpt as gpt
 
     monkeypatch.setattr(gpt, "IN_MEMORY_BYTES", 0)
-    outcomes = sweep(SingleComm(), 40, seed=2)
+    outcomes, _ = sweep(SingleComm(), 40, seed=2)
     assert sum(outcomes.values()) == 40 and outcomes.get("refused", 0) <= REFUSED_AT_MOST * 40, outcomes
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kernel_mode", ["native"], indirect=True)
-def test_random_configurations_under_mpi(kernel_mode):
+def test_random_configurations_under_mpi(kernel_mode, report):
     comm = get_comm("mpi")
-    outcomes = sweep(comm, 200, seed=100 + comm.size)
+    outcomes, widths = sweep(comm, 200, seed=100 + comm.size)
     if comm.rank == 0:
-        print(f"build conformance, {comm.size} ranks, 200 configurations, {kernel_mode} kernels:", outcomes)
+        report(f"build, {comm.size} ranks, 200 configurations, {kernel_mode} kernels: {outcomes}; "
+               f"compared by token width: {widths}")
     assert sum(outcomes.values()) == 200 and outcomes.get("refused", 0) <= REFUSED_AT_MOST * 200, outcomes
+    assert widths.get("int32", 0) >= 40, widths
 
 
 def test_worked_examples_5_and_8(tmp_path, megatron):

@@ -64,7 +64,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_large_vocabularies_write_megatrons_int32_bytes(tmp_path, megatron, files, case):
+def test_large_vocabularies_write_megatrons_int32_bytes(tmp_path, megatron, files, case, report):
     args, extra = CASES[case]
     model = str(files / args["tokenizer_model"])
     docs = documents(300, newlines=True)
@@ -84,3 +84,6 @@ def test_large_vocabularies_write_megatrons_int32_bytes(tmp_path, megatron, file
         assert "tokenizer backend: gigatoken" in run.stdout, run.stdout  # the default backend, exact here
         assert IndexedDataset(str(tmp_path / f"out{ranks}_text_document")).layout.dtype == dtype
         assert file_bytes(str(tmp_path / f"out{ranks}_text_document")) == expected, f"{case} P={ranks}"
+    ids = np.frombuffer(expected[0], dtype=dtype)
+    report(f"tokenize, {args['tokenizer_type']} ({case}): {dtype.name} ids {ids.min()}..{ids.max()}, "
+           "equal to megatron-core's at P = 1 and 3, on gigatoken")

@@ -133,24 +133,26 @@ def sweep(comm: Comm, kind: str, ask_megatron: bool = False, **tuning) -> dict[s
                                    c["path_to_cache"], refusal)
         if result is None:
             return "refused"
-        return f"{c['tokenizer']['tokenizer_type']}" + (" blend" if result.blends else "")
+        return f"{c['tokenizer']['tokenizer_type']}" + (" blend" if result.blends else "") + f" {c['shapes'][0]['dtype']}"
 
     return sweep_configurations(comm, zip(configs, results), run)
 
 
 @pytest.mark.parametrize("kind", ["single", "blend"])
-def test_sweep_against_megatron_019_single_rank(kind):
+def test_sweep_against_megatron_019_single_rank(kind, report):
     # one rank names the caches as --megatron-python does; the MPI sweeps, from megacache's table
     outcomes = sweep(SingleComm(), kind, ask_megatron=True)
-    print(f"{kind} conformance with megatron-core 0.19.2, 1 rank:", outcomes)
+    report(f"{kind} build against megatron-core 0.19.2, 1 rank: {outcomes}")
     assert sum(outcomes.values()) == COUNT and outcomes.get("refused", 0) <= REFUSED_AT_MOST * COUNT, outcomes
+    assert sum(v for k, v in outcomes.items() if k.endswith(" int32")) >= COUNT // 5, outcomes
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kind", ["single", "blend"])
-def test_sweep_against_megatron_019_under_mpi(kind):
+def test_sweep_against_megatron_019_under_mpi(kind, report):
     comm = get_comm()
     outcomes = sweep(comm, kind, blend_min_chunk=50, blend_warmup=0)
     if comm.rank == 0:
-        print(f"{kind} conformance with megatron-core 0.19.2, {comm.size} ranks:", outcomes)
+        report(f"{kind} build against megatron-core 0.19.2, {comm.size} ranks: {outcomes}")
     assert sum(outcomes.values()) == COUNT and outcomes.get("refused", 0) <= REFUSED_AT_MOST * COUNT, outcomes
+    assert sum(v for k, v in outcomes.items() if k.endswith(" int32")) >= COUNT // 5, outcomes

@@ -105,7 +105,7 @@ REFUSED_AT_MOST = 0.1
 def megacache_reason(refusal: str) -> str:
     """The pattern of megacache's error for megatron-core's ``refusal``."""
     for theirs, ours in REFUSALS:
-        found = re.search(theirs, refusal)
+        found = re.search(theirs, refusal, re.DOTALL)
         if found:
             return "(?s)" + (ours(found) if callable(ours) else found.expand(ours))
     pytest.fail(f"megatron-core refused for a reason REFUSALS does not know: {refusal}. Find the condition, "
