@@ -358,16 +358,17 @@ def run_cli(argv: list[str], capsys, fsize_limit: int | None = None, permissions
 
 
 @pytest.fixture(scope="module")
-def compiled_kernels(tmp_path_factory):
-    """numba compiles megacache's kernels on first use and saves them beside their sources: a run
-    under a file-size limit must not be the first, or the limit hits numba's cache files instead of
-    the output under test. One sound build, in process, first."""
+def kernels_loaded(tmp_path_factory):
+    """A run under a file-size limit must not be the first to load megacache's kernels: where they
+    run through numba's JIT (MEGACACHE_KERNEL_DIR=jit), numba compiles them on first use and saves
+    them beside their sources, and the limit would hit those cache files instead of the output under
+    test. One sound build, in process, first."""
     w = Work(tmp_path_factory.mktemp("kernels"))
     assert main(w.build("--data-path", w.big(), "--train-samples", "100000")) == 0
 
 
 @pytest.mark.parametrize("c", CASES)
-def test_bad_input_is_refused_clearly_and_publishes_nothing(tmp_path, capsys, compiled_kernels, c: Case):
+def test_bad_input_is_refused_clearly_and_publishes_nothing(tmp_path, capsys, kernels_loaded, c: Case):
     w = Work(tmp_path)
     argv = c.argv(w)
     before = files_under(tmp_path)
