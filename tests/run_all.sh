@@ -60,11 +60,11 @@ tier() {  # tier NAME COMMAND...: run one tier, keep pytest's last line for the 
 # Two pytest-xdist workers, whole files to each (a file's module fixtures, often oracle runs, are
 # made once); the slowest tests listed: CI's time is a budget.
 tier "serial tests" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests "$@"
-# The slow tier, as users run the kernels: the 3,000-configuration index sweep and the blends of up to
-# 10^7 samples, through the compiled library (about 2 min). The same tests through numba's JIT, which
-# the fast tier already compares on smaller sweeps, and a timing test that a busy machine fails by
-# chance, run on request: pytest -m slow.
-tier "slow tests, compiled kernels" python -m pytest -q -rs -p no:cacheprovider -n 2 -m slow -k native tests "$@"
+# The slow tier, as users run the kernels: the 3,000-configuration index sweep and the blends of up
+# to 10^7 samples, through the compiled library, test by test over both workers (about 1.5 min).
+# The same tests through numba's JIT, which the fast tier already compares on smaller sweeps, and a
+# timing test that a busy machine fails by chance, run on request: pytest -m slow.
+tier "slow tests, compiled kernels" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist load -m slow -k native tests "$@"
 # Each MPI tier checks that its world has the ranks launched, and fails on a skipped MPI test.
 for n in 2 3; do
   export MEGACACHE_TEST_RANKS=$n

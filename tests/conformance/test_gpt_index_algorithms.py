@@ -623,7 +623,9 @@ def compare_random_configs(mcore, tmp_path, count, seed):
     return seen
 
 
-@pytest.mark.parametrize("count, seed", [(220, 2024), pytest.param(3000, 7, marks=pytest.mark.slow)])
+# the slow sweep in two halves, which two workers run side by side
+@pytest.mark.parametrize("count, seed", [(220, 2024)] + [pytest.param(1500, seed, marks=pytest.mark.slow)
+                                                         for seed in (7, 8)])
 def test_random_configurations_match_megatron(mcore, tmp_path, count, seed):
     seen = compare_random_configs(mcore, tmp_path, count, seed)
     assert seen["splits"] >= count
