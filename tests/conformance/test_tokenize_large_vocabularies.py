@@ -10,13 +10,11 @@ backend, once its self-test against each library passes."""
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 
 from megacache.formats.indexed import IndexedDataset
-from support.corpus import documents, file_bytes, megatron_reference, run_megacache, train_bpe, write_jsonl
+from support.corpus import documents, megatron_tokenized, tokenize_in_parts, train_bpe
 from support.tokenizer_files import widen_bpe, widen_sentencepiece, write_tiktoken_ranks
 
 #: Llama 3's, Qwen 2's and o200k's vocabulary sizes
@@ -42,17 +40,6 @@ def files(tmp_path_factory):
     return root
 
 
-def _oracle(megatron, prefix: str, docs: list[str], **flags) -> tuple[tuple[bytes, bytes], np.dtype]:
-    from support.oracle_worker import build_tokenizer  # with Megatron-LM's defaults for other flags
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tok = build_tokenizer(flags)
-    dtype = megatron.DType.optimal_dtype(tok.vocab_size)
-    megatron_reference(megatron, prefix, docs, lambda ds: [tok.tokenize(d) for d in ds], tok.eod, dtype)
-    return file_bytes(prefix), np.dtype(dtype)
-
-
 #: the cases either side of Megatron's dtype threshold (ids below 65,500 in both)
 THRESHOLD = ("hf65499", "hf65500")
 CASES = {
@@ -70,23 +57,18 @@ def test_large_vocabularies_write_megatrons_int32_bytes(tmp_path, megatron, file
     args, extra = CASES[case]
     model = str(files / args["tokenizer_model"])
     docs = documents(300, newlines=True)
-    expected, dtype = _oracle(megatron, str(tmp_path / "oracle"), docs, **{**args, "tokenizer_model": model})
+    expected, dtype = megatron_tokenized(megatron, str(tmp_path / "oracle"), docs, **{**args, "tokenizer_model": model})
     assert dtype == (np.uint16 if case == "hf65499" else np.int32), (case, dtype)
     if case not in THRESHOLD:
         ids = np.frombuffer(expected[0], dtype=np.int32)
         assert ids.max() > 65_535 and ids.min() < 65_535, "the ids should lie on both sides of 65,535"
-    (tmp_path / "in").mkdir()
-    for f, (a, b) in enumerate([(0, 120), (120, 121), (121, None)]):
-        write_jsonl(str(tmp_path / "in" / f"part_{f}.jsonl"), docs[a:b])
     rank_counts = (1,) if case in THRESHOLD else (1, 2, 3)  # the threshold does not depend on the ranks
     for ranks in rank_counts:
-        run = run_megacache(ranks, "tokenize", "--input", str(tmp_path / "in"), "--output-prefix",
-                            str(tmp_path / f"out{ranks}"), "--append-eod", "--unit-bytes", "8K",
-                            "--tokenizer-type", args["tokenizer_type"], "--tokenizer-model", model,
-                            "--verify-fraction", "1", *extra)
+        run, got = tokenize_in_parts(tmp_path, docs, ranks, "--tokenizer-type", args["tokenizer_type"],
+                                     "--tokenizer-model", model, "--verify-fraction", "1", *extra)
         assert "tokenizer backend: gigatoken" in run.stdout, run.stdout  # the default backend, exact here
         assert IndexedDataset(str(tmp_path / f"out{ranks}_text_document")).layout.dtype == dtype
-        assert file_bytes(str(tmp_path / f"out{ranks}_text_document")) == expected, f"{case} P={ranks}"
+        assert got == expected, f"{case} P={ranks}"
     ids = np.frombuffer(expected[0], dtype=dtype)
     report(f"tokenize, {args['tokenizer_type']} ({case}): {dtype.name} ids {ids.min()}..{ids.max()}, "
            f"equal to megatron-core's at P = {', '.join(map(str, rank_counts))}, on gigatoken")

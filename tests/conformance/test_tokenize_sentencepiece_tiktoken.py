@@ -6,13 +6,11 @@ trained here; and the backend each runs on."""
 from __future__ import annotations
 
 import json
-import warnings
-from types import SimpleNamespace
 
 import pytest
 
 from megacache.text.backends import SELF_TEST_TEXTS
-from support.corpus import documents, file_bytes, megatron_reference, run_megacache, train_bpe, write_jsonl
+from support.corpus import documents, megatron_tokenized, run_megacache, tokenize_in_parts, train_bpe, write_jsonl
 from support.tokenizer_files import TIKTOKEN_RANKS, write_tiktoken_ranks
 
 # Special tokens of both libraries written in the text, around the generated documents.
@@ -43,29 +41,6 @@ def files(tmp_path_factory):
     return root
 
 
-def _oracle(megatron, tmp_path, docs, **args):
-    """megatron-core 0.16.1's bytes for ``docs`` with the tokenizer its build_tokenizer makes from ``args``."""
-    from megatron.core.tokenizers.text.utils.build_tokenizer import build_tokenizer
-
-    flags = dict(tokenizer_sentencepiece_legacy=False, tokenizer_special_tokens=None, tokenizer_metadata=None,
-                 vocab_size=None, tiktoken_pattern=None, tiktoken_num_special_tokens=1000)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tok = build_tokenizer(SimpleNamespace(**{**flags, **args}))
-    prefix = str(tmp_path / "oracle")
-    dtype = megatron.DType.optimal_dtype(tok.vocab_size)
-    megatron_reference(megatron, prefix, docs, lambda ds: [tok.tokenize(d) for d in ds], tok.eod, dtype)
-    return file_bytes(prefix)
-
-
-def _tokenize(tmp_path, docs, ranks, *flags):
-    for f, (a, b) in enumerate([(0, 120), (120, 121), (121, None)]):
-        write_jsonl(str(tmp_path / "in" / f"part_{f}.jsonl"), docs[a:b])
-    run = run_megacache(ranks, "tokenize", "--input", str(tmp_path / "in"), "--output-prefix",
-                        str(tmp_path / f"out{ranks}"), "--append-eod", "--unit-bytes", "8K", *flags)
-    return run, file_bytes(str(tmp_path / f"out{ranks}_text_document"))
-
-
 @pytest.mark.parametrize("model, backend", [
     ("bpe", "tokenizer backend: gigatoken"),
     ("bpe_nfkc", "tokenizer backend: sentencepiece (gigatoken disagrees with sentencepiece on the self-test text"),
@@ -73,12 +48,12 @@ def _tokenize(tmp_path, docs, ranks, *flags):
 ])
 @pytest.mark.parametrize("tokenizer_type", ["SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"])
 def test_sentencepiece_types_write_megatrons_bytes(tmp_path, megatron, files, model, backend, tokenizer_type):
-    (tmp_path / "in").mkdir()
     docs = _documents()
     path = str(files / f"{model}.model")
-    expected = _oracle(megatron, tmp_path, docs, tokenizer_type=tokenizer_type, tokenizer_model=path)
+    expected, _ = megatron_tokenized(megatron, str(tmp_path / "oracle"), docs, tokenizer_type=tokenizer_type,
+                                     tokenizer_model=path)
     for ranks in (1, 3):
-        run, got = _tokenize(tmp_path, docs, ranks, "--tokenizer-type", tokenizer_type, "--tokenizer-model", path,
+        run, got = tokenize_in_parts(tmp_path, docs, ranks, "--tokenizer-type", tokenizer_type, "--tokenizer-model", path,
                              "--verify-fraction", "1")
         assert got == expected, f"{tokenizer_type} {model} P={ranks}"
         assert backend in run.stdout
@@ -91,14 +66,15 @@ def test_sentencepiece_types_write_megatrons_bytes(tmp_path, megatron, files, mo
     (("--tiktoken-pattern", "v2", "--vocab-size", str(1000 + TIKTOKEN_RANKS - 20)), "gigatoken"),
 ])
 def test_tiktokenizer_writes_megatrons_bytes(tmp_path, megatron, files, flags, backend):
-    (tmp_path / "in").mkdir()
     docs = _documents()
     args = dict(zip(flags[::2], flags[1::2]))
-    expected = _oracle(megatron, tmp_path, docs, tokenizer_type="TikTokenizer", tokenizer_model=str(files / "ranks.json"),
-                       tiktoken_pattern=args.get("--tiktoken-pattern"), vocab_size=int(args["--vocab-size"]),
-                       tiktoken_num_special_tokens=int(args.get("--tiktoken-num-special-tokens", 1000)))
+    expected, _ = megatron_tokenized(megatron, str(tmp_path / "oracle"), docs, tokenizer_type="TikTokenizer",
+                                     tokenizer_model=str(files / "ranks.json"),
+                                     tiktoken_pattern=args.get("--tiktoken-pattern"),
+                                     vocab_size=int(args["--vocab-size"]),
+                                     tiktoken_num_special_tokens=int(args.get("--tiktoken-num-special-tokens", 1000)))
     for ranks in (1, 3):
-        run, got = _tokenize(tmp_path, docs, ranks, "--tokenizer-type", "TikTokenizer", "--tokenizer-model",
+        run, got = tokenize_in_parts(tmp_path, docs, ranks, "--tokenizer-type", "TikTokenizer", "--tokenizer-model",
                              str(files / "ranks.json"), "--verify-fraction", "1", *flags)
         assert got == expected, f"{flags} P={ranks}"
         assert f"tokenizer backend: {backend}" in run.stdout

@@ -73,6 +73,23 @@ def megatron_reference(megatron, prefix: str, docs: list[str], encode, eod: int 
     builder.finalize(prefix + ".idx")
 
 
+def megatron_tokenized(megatron, prefix: str, docs: list[str], **flags) -> tuple[tuple[bytes, bytes], np.dtype]:
+    """megatron-core's bytes for ``docs`` (EOD appended), as tools/preprocess_data.py writes them
+    with the tokenizer its ``build_tokenizer`` makes from ``flags`` (Megatron-LM's defaults for the
+    others), in the dtype ``DType.optimal_dtype`` picks for that tokenizer's ``vocab_size``; and that
+    dtype."""
+    import warnings
+
+    from support.oracle_worker import build_tokenizer
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tok = build_tokenizer(flags)
+    dtype = megatron.DType.optimal_dtype(tok.vocab_size)
+    megatron_reference(megatron, prefix, docs, lambda ds: [tok.tokenize(d) for d in ds], tok.eod, dtype)
+    return file_bytes(prefix), np.dtype(dtype)
+
+
 def file_bytes(prefix: str) -> tuple[bytes, bytes]:
     with open(prefix + ".bin", "rb") as b, open(prefix + ".idx", "rb") as i:
         return b.read(), i.read()
@@ -105,6 +122,17 @@ def run_megacache(ranks: int, *args: str, check: bool = True, env: dict | None =
         raise AssertionError(f"megacache {args[0]} launched on {ranks} rank(s) ran on other counts: is mpiexec "
                              f"mpi4py's MPI?\n{proc.stdout}")
     return proc
+
+
+def tokenize_in_parts(tmp_path, docs: list[str], ranks: int, *flags: str):
+    """``docs`` as three .jsonl files under ``tmp_path/in`` (120, 1 and the rest), tokenized on
+    ``ranks`` ranks with EOD and small units into ``tmp_path/out{ranks}``: the run and the bytes."""
+    os.makedirs(tmp_path / "in", exist_ok=True)
+    for f, (a, b) in enumerate([(0, 120), (120, 121), (121, None)]):
+        write_jsonl(str(tmp_path / "in" / f"part_{f}.jsonl"), docs[a:b])
+    run = run_megacache(ranks, "tokenize", "--input", str(tmp_path / "in"), "--output-prefix",
+                        str(tmp_path / f"out{ranks}"), "--append-eod", "--unit-bytes", "8K", *flags)
+    return run, file_bytes(str(tmp_path / f"out{ranks}_text_document"))
 
 
 def processes() -> dict[int, tuple[int, str]]:
