@@ -18,8 +18,8 @@ from megacache.builders.build import BuildConfig, plan
 from megacache.megatron.blends import parse_blend
 from megacache.runtime.comm import Comm, SingleComm, get_comm
 from support.oracle import load_mcore, sweep_configurations, write_lengths
-from support.sweeps import (NULL_TOKENIZER, REFUSED_AT_MOST, blend_build_config, build_and_compare, megatron_build,
-                            random_blend_config, torch_group, words)
+from support.sweeps import (NULL_TOKENIZER, REFUSED_AT_MOST, blend_build_config, build_and_compare, count_compared,
+                            labelled, megatron_build, random_blend_config, torch_group, words)
 
 
 def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) -> str:
@@ -35,8 +35,7 @@ def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) ->
     result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refusal)
     if result is None:
         return "refused"
-    width = f"{c['shapes'][0]['dtype']} compared"
-    stats[width] = stats.get(width, 0) + 1
+    count_compared(stats, c["shapes"][0])
     if any(b.chunks > 1 for b in result.blends):
         stats["chunked"] = stats.get("chunked", 0) + 1
         stats["recomputed"] = stats.get("recomputed", 0) + sum(b.recomputed for b in result.blends)
@@ -66,8 +65,7 @@ def test_random_blends_single_rank(megatron, kernel_mode, report):
     count = 200 if kernel_mode == "native" else 20
     outcomes = sweep(SingleComm(), count, seed=7, huge=1, blend_block=1000)
     report(f"blend build, 1 rank, {count} blends, {kernel_mode} kernels: {outcomes}")
-    labels = sum(v for k, v in outcomes.items() if not k.endswith(" compared"))
-    assert labels == count and outcomes.get("refused", 0) <= REFUSED_AT_MOST * count, outcomes
+    assert labelled(outcomes) == count and outcomes.get("refused", 0) <= REFUSED_AT_MOST * count, outcomes
     assert outcomes.get("int32 compared", 0) >= count // 5, outcomes
     assert "chunked" not in outcomes
     if kernel_mode == "native":

@@ -15,12 +15,13 @@ from megacache.megatron.versions import SUPPORTED
 from megacache.runtime.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
 from support.oracle import load_mcore, sweep_configurations, write_lengths
-from support.sweeps import REFUSED_AT_MOST, build_and_compare, megatron_build, prefix_build_config, random_config
+from support.sweeps import (REFUSED_AT_MOST, build_and_compare, count_compared, labelled, megatron_build,
+                            prefix_build_config, random_config)
 
 
-def run_both(mcore, comm, workdir: str, c: dict, widths: dict | None = None) -> str:
+def run_both(mcore, comm, workdir: str, c: dict, stats: dict | None = None) -> str:
     """Build with megatron-core (rank 0) and megacache (all ranks); compare. Returns a label, and
-    counts the comparison in ``widths`` by the dataset's token width."""
+    counts the comparison in ``stats`` by the dataset's token width."""
     prefix = os.path.join(workdir, "data")
     refusal = None
     if comm.rank == 0:
@@ -32,19 +33,19 @@ def run_both(mcore, comm, workdir: str, c: dict, widths: dict | None = None) -> 
     result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refusal)
     if result is None:
         return "refused"
-    if widths is not None:
-        widths[c["shape"]["dtype"]] = widths.get(c["shape"]["dtype"], 0) + 1
+    if stats is not None:
+        count_compared(stats, c["shape"])
     return "separated" if any(s.plan.separate_final_epoch for s in result.gpt) else "ok"
 
 
-def sweep(comm, count: int, seed: int) -> tuple[dict[str, int], dict[str, int]]:
-    """The outcomes' counts, and the comparisons' by token width."""
+def sweep(comm, count: int, seed: int) -> dict[str, int]:
+    """Outcome counts, plus "uint16 compared", "int32 compared" (comparisons by token width)."""
     mcore = load_mcore() if comm.rank == 0 else None
     rng = np.random.default_rng(seed)
-    widths: dict[str, int] = {}
+    stats: dict[str, int] = {}
     outcomes = sweep_configurations(comm, (random_config(rng) for _ in range(count)),
-                                    lambda workdir, c: run_both(mcore, comm, workdir, c, widths))
-    return outcomes, widths
+                                    lambda workdir, c: run_both(mcore, comm, workdir, c, stats))
+    return {**outcomes, **stats}
 
 
 @pytest.mark.parametrize("kernel_mode", ["native", "jit"], indirect=True)
@@ -52,9 +53,9 @@ def test_random_configurations_single_rank(megatron, kernel_mode, report):
     # every configuration through the compiled kernels, as users run them; the first tenth again
     # through numba's JIT
     count = 200 if kernel_mode == "native" else 20
-    outcomes, widths = sweep(SingleComm(), count, seed=1)
-    report(f"build, 1 rank, {count} configurations, {kernel_mode} kernels: {outcomes}; compared by token width: {widths}")
-    assert sum(outcomes.values()) == count and widths.get("int32", 0) >= count // 5, (outcomes, widths)
+    outcomes = sweep(SingleComm(), count, seed=1)
+    report(f"build, 1 rank, {count} configurations, {kernel_mode} kernels: {outcomes}")
+    assert labelled(outcomes) == count and outcomes.get("int32 compared", 0) >= count // 5, outcomes
     assert outcomes.get("refused", 0) <= REFUSED_AT_MOST * count, outcomes
     if kernel_mode == "native":
         assert outcomes.get("separated", 0) >= 10, outcomes
@@ -65,20 +66,19 @@ def test_memory_mapped_path_single_rank(megatron, monkeypatch):
     import megacache.builders.gpt as gpt
 
     monkeypatch.setattr(gpt, "IN_MEMORY_BYTES", 0)
-    outcomes, _ = sweep(SingleComm(), 40, seed=2)
-    assert sum(outcomes.values()) == 40 and outcomes.get("refused", 0) <= REFUSED_AT_MOST * 40, outcomes
+    outcomes = sweep(SingleComm(), 40, seed=2)
+    assert labelled(outcomes) == 40 and outcomes.get("refused", 0) <= REFUSED_AT_MOST * 40, outcomes
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kernel_mode", ["native"], indirect=True)
 def test_random_configurations_under_mpi(kernel_mode, report):
     comm = get_comm("mpi")
-    outcomes, widths = sweep(comm, 200, seed=100 + comm.size)
+    outcomes = sweep(comm, 200, seed=100 + comm.size)
     if comm.rank == 0:
-        report(f"build, {comm.size} ranks, 200 configurations, {kernel_mode} kernels: {outcomes}; "
-               f"compared by token width: {widths}")
-    assert sum(outcomes.values()) == 200 and outcomes.get("refused", 0) <= REFUSED_AT_MOST * 200, outcomes
-    assert widths.get("int32", 0) >= 40, widths
+        report(f"build, {comm.size} ranks, 200 configurations, {kernel_mode} kernels: {outcomes}")
+    assert labelled(outcomes) == 200 and outcomes.get("refused", 0) <= REFUSED_AT_MOST * 200, outcomes
+    assert outcomes.get("int32 compared", 0) >= 40, outcomes
 
 
 def test_worked_examples_5_and_8(tmp_path, megatron):

@@ -28,7 +28,7 @@ from megacache.megatron.interpreter import ask as megatron_ask
 from megacache.megatron.interpreter import differences
 from support.oracles import ORACLE_RUNS, RELEASES, WORKER, ask, interpreter, run_key
 from support.sweeps import per_split_blends, random_blend_config, words
-from support.sweeps import REFUSED_AT_MOST, build_and_compare, random_config
+from support.sweeps import REFUSED_AT_MOST, build_and_compare, count_compared, labelled, random_config
 from support.tokenizer_cases import sweep_tokenizers
 from support.tokenizer_files import write_tokenizer_files
 
@@ -123,7 +123,8 @@ def our_config(c: dict, cache: str, tuning: dict, identities: dict | None = None
 
 
 def sweep(comm: Comm, kind: str, ask_megatron: bool = False, **tuning) -> dict[str, int]:
-    """``ask_megatron``: the identities as ``--megatron-python`` gets them, else from the table."""
+    """Outcome counts by tokenizer type, plus "uint16 compared", "int32 compared". ``ask_megatron``:
+    the identities as ``--megatron-python`` gets them, else from the table."""
     configs, results = oracle_run(comm, kind)
     identities = asked_identities(configs) if ask_megatron else None
 
@@ -133,9 +134,11 @@ def sweep(comm: Comm, kind: str, ask_megatron: bool = False, **tuning) -> dict[s
                                    c["path_to_cache"], refusal)
         if result is None:
             return "refused"
-        return f"{c['tokenizer']['tokenizer_type']}" + (" blend" if result.blends else "") + f" {c['shapes'][0]['dtype']}"
+        count_compared(stats, c["shapes"][0])
+        return f"{c['tokenizer']['tokenizer_type']}" + (" blend" if result.blends else "")
 
-    return sweep_configurations(comm, zip(configs, results), run)
+    stats: dict[str, int] = {}
+    return {**sweep_configurations(comm, zip(configs, results), run), **stats}
 
 
 @pytest.mark.parametrize("kind", ["single", "blend"])
@@ -143,8 +146,8 @@ def test_sweep_against_megatron_019_single_rank(kind, report):
     # one rank names the caches as --megatron-python does; the MPI sweeps, from megacache's table
     outcomes = sweep(SingleComm(), kind, ask_megatron=True)
     report(f"{kind} build against megatron-core 0.19.2, 1 rank: {outcomes}")
-    assert sum(outcomes.values()) == COUNT and outcomes.get("refused", 0) <= REFUSED_AT_MOST * COUNT, outcomes
-    assert sum(v for k, v in outcomes.items() if k.endswith(" int32")) >= COUNT // 5, outcomes
+    assert labelled(outcomes) == COUNT and outcomes.get("refused", 0) <= REFUSED_AT_MOST * COUNT, outcomes
+    assert outcomes.get("int32 compared", 0) >= COUNT // 5, outcomes
 
 
 @pytest.mark.mpi(min_size=2)
@@ -154,5 +157,5 @@ def test_sweep_against_megatron_019_under_mpi(kind, report):
     outcomes = sweep(comm, kind, blend_min_chunk=50, blend_warmup=0)
     if comm.rank == 0:
         report(f"{kind} build against megatron-core 0.19.2, {comm.size} ranks: {outcomes}")
-    assert sum(outcomes.values()) == COUNT and outcomes.get("refused", 0) <= REFUSED_AT_MOST * COUNT, outcomes
-    assert sum(v for k, v in outcomes.items() if k.endswith(" int32")) >= COUNT // 5, outcomes
+    assert labelled(outcomes) == COUNT and outcomes.get("refused", 0) <= REFUSED_AT_MOST * COUNT, outcomes
+    assert outcomes.get("int32 compared", 0) >= COUNT // 5, outcomes

@@ -130,6 +130,18 @@ def build_and_compare(cfg, comm, theirs: str, refusal: str | None):
     return result
 
 
+def count_compared(stats: dict, shape: dict) -> None:
+    """Count a comparison in ``stats`` by its datasets' token width ("uint16 compared", "int32 compared")."""
+    key = f"{shape['dtype']} compared"
+    stats[key] = stats.get(key, 0) + 1
+
+
+def labelled(outcomes: dict) -> int:
+    """How many configurations a sweep's ``outcomes`` hold: their labels' counts, without the
+    comparisons by token width."""
+    return sum(v for k, v in outcomes.items() if not k.endswith(" compared"))
+
+
 #: splits whose every non-empty range holds >= 5 % of the sequences
 BLEND_SPLITS = ["90,5,5", "1,1,1", "7,2,1", "95,5", "100,0,0", "80,20", "60,30,10"]
 
