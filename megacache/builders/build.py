@@ -322,7 +322,7 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
         _decide_reuse(planned, cfg, comm)  # what a job we waited for built is reused now
         timer.mark("lock")
         _build_locked(planned, cfg, comm, guard, timer)
-    sequences = _write_sequences(planned, cfg, comm)
+        sequences = _write_sequences(planned, cfg, comm)  # still watched: a rank that hangs now is seen
     return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, planned.megatron_version,
                        timer.phases, sequences)
 

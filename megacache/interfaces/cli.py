@@ -5,7 +5,8 @@ Every subcommand runs the same under mpiexec -n P, srun, or as one process; rank
 
 Exit status: 0 success; 2 bad input or configuration (the message names the flag, file or field);
 1 an unexpected failure (a bug: the traceback is printed); 3 (tokenize only) the output is complete
-and exact, but the fast tokenizer backend disagreed with its reference on some unit, which was redone.
+and exact, but the fast tokenizer backend disagreed with its reference on some unit, which was redone;
+143 (130) stopped by SIGTERM (SIGINT): nothing partial published, the lock released, a rerun resumes.
 
 """
 
@@ -20,6 +21,7 @@ import textwrap
 import traceback
 
 from ..runtime.comm import Comm, get_comm
+from ..runtime.preemption import stoppable
 from ..errors import JobCrashed, MegacacheError, is_bug
 from ..megatron.flags import add_flags, number_at_least
 
@@ -680,9 +682,12 @@ def main(argv: list[str] | None = None) -> int:
     show_on_stderr()
     if argv is None and args.command == "tokenize":
         hide_torch_from_transformers()
+    # Until MPI has started, a signal ends the process as usual: MPI's start holds the interpreter,
+    # so no handler could run, and nothing has been written.
     comm = get_comm()
     try:
-        status = args.func(args, comm) or 0
+        with stoppable(args.command, comm.rank):
+            status = args.func(args, comm) or 0
     except MegacacheError as exc:
         # Raised on every rank alike (errors are agreed collectively), so rank 0 speaks for all.
         if comm.rank == 0:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -32,10 +33,13 @@ from dataclasses import dataclass
 
 from ..errors import JobFailed, MegacacheError
 from .fsio import STATE_DIR, TMP_MARK, remove_quietly, write_json_atomic
+from . import preemption
 from .environment import heartbeat_s, stale_s
 from .log import LOG
 
 
+#: how long a rank stopped by a signal waits for rank 0 to have stopped before it ends
+STOP_WAIT_S = 2.0
 #: ``temporaries`` for a lock that covers its whole directory (a cache directory)
 ALL = ("",)
 
@@ -240,6 +244,33 @@ class Monitor:
         self.phase = phase
         self._write()
 
+    def stopped(self, signal_name: str) -> None:
+        """This rank stops on ``signal_name``: no more heartbeats, and its record says so."""
+        self._beat.stop()
+        try:
+            write_json_atomic(self.path, {**this_process(), "rank": self.rank, "ranks": self.size,
+                                          "phase": self.phase, "stopped": signal_name}, durable=False)
+        except FileNotFoundError:
+            pass  # the job had finished and removed its records
+
+    def await_stopped(self, rank: int, timeout: float) -> None:
+        """Wait, at most ``timeout`` seconds, until ``rank``'s record says it stopped (or is gone)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            record, _ = _read_record(os.path.join(self.dir, f"rank-{rank}"))
+            if record is None or record.get("stopped"):
+                return
+            time.sleep(0.01)
+
+    def phases(self) -> dict[str, list[int]]:
+        """The ranks in each phase, as their records say now."""
+        phases: dict[str, list[int]] = {}
+        for rank in range(self.size):
+            record, _ = _read_record(os.path.join(self.dir, f"rank-{rank}"))
+            if record:
+                phases.setdefault(record.get("phase", "?"), []).append(rank)
+        return phases
+
     def _tick(self) -> None:
         try:
             os.utime(self.path)
@@ -255,6 +286,10 @@ class Monitor:
                 self._stop(f"rank {peer} never started (no record in {self.dir} after {stale_s():.0f} s)")
             return
         self._peer_seen = True
+        if record.get("stopped") and preemption.stoppable_now():
+            # A rank stopped on purpose (Slurm signals the tasks one by one): so does this one.
+            os.kill(os.getpid(), signal.Signals[record["stopped"]])
+            return
         how = death(record, age)
         if how:
             self._stop(f"rank {peer} ({_who(record)}) died during phase '{record.get('phase', '?')}' ({how})")
@@ -308,8 +343,9 @@ def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, 
         for rank_file in sorted(rank_files, key=lambda n: int(n[5:])):
             record, _ = _read_record(os.path.join(path, rank_file))
             if record:
+                stopped = f" (stopped by {record['stopped']})" if record.get("stopped") else ""
                 ranks.append(f"rank {record.get('rank', '?')} ({_who(record)}) was in phase "
-                             f"'{record.get('phase', '?')}'")
+                             f"'{record.get('phase', '?')}'{stopped}")
         if ranks:  # a job whose ranks all failed cleanly removed its records and reported its error
             reports.append(f"an earlier job ({name[len(prefix):]}) did not finish: " + "; ".join(ranks))
         shutil.rmtree(path, ignore_errors=True)
@@ -413,6 +449,25 @@ def guarded(comm, directories, key: str, temporaries: tuple[str, ...], what: str
     comm.on_root(take, "taking the lock")
     monitor = None
     ok = False
+
+    def halt(signal_name: str) -> str:
+        """On SIGTERM or SIGINT (``preemption``): release the locks; rank 0 says where the job was."""
+        for lock in locks:
+            lock.release()
+        phases = monitor.phases() if monitor is not None and comm.rank == 0 else {}
+        return f"{what} was in " + ", ".join(f"phase '{p}' (rank(s) {', '.join(map(str, r))})"
+                                             for p, r in phases.items()) if phases else ""
+
+    def mark(signal_name: str) -> None:
+        """Then, rank 0 having said it: this rank's record says it stopped. mpiexec kills every
+        rank when one ends, so the others end only once rank 0's record says so too."""
+        if monitor is None:
+            return
+        monitor.stopped(signal_name)
+        if comm.rank != 0:
+            monitor.await_stopped(0, timeout=STOP_WAIT_S)
+
+    preemption.register(halt, mark)
     try:
         monitor = Monitor(directories[0], key, job, comm.rank, comm.size, comm.abort)
         try:
@@ -426,6 +481,8 @@ def guarded(comm, directories, key: str, temporaries: tuple[str, ...], what: str
             raise
         ok = True
     finally:
+        if ok:
+            comm.barrier()  # still watched: a rank that hangs before this barrier is seen
         if monitor is not None:
             monitor.close()
         if ok:
@@ -437,3 +494,4 @@ def guarded(comm, directories, key: str, temporaries: tuple[str, ...], what: str
         for lock in locks:
             lock.release()
             _remove_state_dir_if_empty(lock.directory)
+        preemption.unregister(halt, mark)

@@ -21,11 +21,12 @@ import numpy as np
 import pytest
 
 from support.corpus import children, documents, processes, write_jsonl
+from support.faults import current_phases, final_files, leftovers
 from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig, build
 from megacache.builders.tokenize import TokenizeConfig, tokenize
 from megacache.runtime.comm import SingleComm
-from megacache.runtime.fsio import STATE_DIR, TMP_MARK
+from megacache.runtime.fsio import STATE_DIR
 from support.oracle import write_lengths
 from support.sweeps import build_args, build_sizes
 from support.sweeps import NULL_TOKENIZER
@@ -42,35 +43,10 @@ class Workload:
     phases: list[str]                   # where kills are aimed (records' phase names)
 
 
-def final_files(directory: str) -> dict[str, bytes]:
-    """What a reader can load: the files under their final names (temporaries and megacache's
-    state directory are never read by megatron-core or megacache's reader)."""
-    return {e.name: open(e.path, "rb").read() for e in os.scandir(directory)
-            if e.is_file() and TMP_MARK not in e.name and not e.name.startswith(".")}
-
-
 def rank_processes(launcher: int) -> list[int]:
     """The python ranks below an ``mpiexec`` (its proxies' children)."""
     table = processes()
     return [rank for proxy in children(table, launcher) for rank in children(table, proxy)]
-
-
-def current_phases(directory: str) -> set[str]:
-    """The phases the ranks' records show now (records are JSON, rewritten by rename)."""
-    import json
-
-    phases = set()
-    state = os.path.join(directory, STATE_DIR)
-    try:
-        jobs = [os.path.join(state, n) for n in os.listdir(state) if ".job-" in n]
-        for job in jobs:
-            for rank in os.listdir(job):
-                if rank.startswith("rank-"):
-                    with open(os.path.join(job, rank)) as f:
-                        phases.add(json.load(f)["phase"])
-    except (OSError, ValueError):
-        pass
-    return phases
 
 
 def kill_one_rank(workload: Workload, rng: np.random.Generator) -> str:
@@ -122,10 +98,8 @@ def run_trials(workload: Workload, reference: dict[str, bytes], seed: int, repor
         assert not wrong, f"{workload.name} trial {trial} (killed in {landed}): partial or wrong files visible: {wrong}"
         workload.rerun()
         assert final_files(workload.outputs) == reference, f"{workload.name} trial {trial}: rerun differs"
-        leftovers = [e.name for e in os.scandir(workload.outputs) if TMP_MARK in e.name or ".megacache-work" in e.name]
-        state = os.path.join(workload.outputs, STATE_DIR)
-        leftovers += [n for n in (os.listdir(state) if os.path.isdir(state) else []) if n != "manifest.json"]
-        assert not leftovers, f"{workload.name} trial {trial}: left behind after the rerun: {leftovers}"
+        left = leftovers(workload.outputs)
+        assert not left, f"{workload.name} trial {trial}: left behind after the rerun: {left}"
         outcomes[landed] = outcomes.get(landed, 0) + 1
         reset(workload)
     summary = (f"{workload.name}: {trial} trials, {kills} ranks killed mid-job, every visible file equal to an "
