@@ -282,8 +282,13 @@ class IndexWriter:
             pwrite_all(self.bin_fd, np.asarray(tokens, dtype=self.layout.dtype), byte_offset)
 
     def close(self) -> None:
-        for fd in (self.idx_fd, self.bin_fd):
-            os.close(fd)
+        # a network filesystem may report a failed write (no space) only when the file is closed
+        try:
+            with writing(self.idx_file):
+                os.close(self.idx_fd)
+        finally:
+            with writing(self.bin_file):
+                os.close(self.bin_fd)
 
     def __enter__(self) -> "IndexWriter":
         return self

@@ -132,9 +132,10 @@ class NpyWriter:
             pwrite_mostly_direct(self.fd, self._direct_fd, [rows], self.header_size + first * self.row_bytes)
 
     def close(self) -> None:
-        os.close(self.fd)
-        if self._direct_fd is not None:
-            os.close(self._direct_fd)
+        with writing(self.path):  # a network filesystem may report a failed write only now
+            os.close(self.fd)
+            if self._direct_fd is not None:
+                os.close(self._direct_fd)
 
     def __enter__(self) -> "NpyWriter":
         return self

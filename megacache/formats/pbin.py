@@ -215,7 +215,8 @@ class PbinWriter:
             pwrite_all(self.fd, data, HEADER_SIZE + self.data_bytes + index_byte)
 
     def close(self) -> None:
-        os.close(self.fd)
+        with writing(self.path):  # a network filesystem may report a failed write only now
+            os.close(self.fd)
 
     def __enter__(self) -> "PbinWriter":
         return self

@@ -5,8 +5,9 @@ Every subcommand runs the same under mpiexec -n P, srun, or as one process; rank
 
 Exit status: 0 success; 2 bad input or configuration (the message names the flag, file or field);
 1 an unexpected failure (a bug: the traceback is printed); 3 (tokenize only) the output is complete
-and exact, but the fast tokenizer backend disagreed with its reference on some unit, which was redone;
-143 (130) stopped by SIGTERM (SIGINT): nothing partial published, the lock released, a rerun resumes.
+and exact, but the fast tokenizer backend disagreed with its reference on some unit, which was redone.
+On SIGTERM or SIGINT a job releases its lock, says where it was and ends by that signal (a shell
+reports 143 or 130, mpiexec 15 or 2): nothing partial is published, and a rerun resumes.
 
 """
 

@@ -193,13 +193,13 @@ class Lock:
         remove_quietly(aside)
 
     def _refresh(self) -> None:
-        record, _ = _read_record(self.path)
-        if record is None or record.get("token") != self.record["token"]:
-            self.lost = True
-            return
         try:
+            record, _ = _read_record(self.path)
+            if record is None or record.get("token") != self.record["token"]:
+                self.lost = True
+                return
             os.utime(self.path)
-        except FileNotFoundError:
+        except OSError:  # gone, or the shared filesystem is gone from this node: never publish
             self.lost = True
 
     def release(self) -> None:
@@ -272,6 +272,13 @@ class Monitor:
         return phases
 
     def _tick(self) -> None:
+        try:
+            self._watch()
+        except OSError as exc:  # the shared filesystem is gone from this node (its client died)
+            self._stop(f"cannot reach the shared filesystem at {exc.filename or self.dir} "
+                       f"({exc.strerror or exc})")
+
+    def _watch(self) -> None:
         try:
             os.utime(self.path)
         except FileNotFoundError:

@@ -215,11 +215,12 @@ def copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, count
 
 
 def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with writing(path):  # where a write failed (no space), fsync says so
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def fsync_dir(path: str) -> None:
@@ -238,7 +239,13 @@ def _syncfs(path: str) -> None:
     where syncfs is unavailable, a global sync."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        if _libc is None or _libc.syncfs(fd) != 0:
+        if _libc is None:
+            os.sync()
+        elif _libc.syncfs(fd) != 0:
+            error = ctypes.get_errno()
+            if error != errno.ENOSYS:  # a write that failed (no space, I/O error) is reported
+                with writing(path):
+                    raise OSError(error, os.strerror(error), path)
             os.sync()
     finally:
         os.close(fd)

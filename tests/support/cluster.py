@@ -145,12 +145,12 @@ class Node:
         self.init = next(p for p, (ppid, _) in table.items() if ppid == self._holder.pid)
         self._ns = os.readlink(f"/proc/{self.init}/ns/pid")
 
-    def enter(self) -> list[str]:
+    def enter(self, tied: bool = True) -> list[str]:
         """The command prefix that runs a command on this node (in the caller's directory). nsenter
-        forks the command into the node's pid namespace and waits for it; the command is killed
-        with nsenter (``setpriv --pdeathsig``), as a launcher's kill would land on the task itself."""
+        forks the command into the node's pid namespace and waits for it; a ``tied`` command is
+        killed with nsenter (``setpriv --pdeathsig``), as a launcher's kill lands on the task itself."""
         return ["nsenter", "-t", str(self.init), "--uts", "--mount", "--pid", f"--wd={os.getcwd()}",
-                "setpriv", "--pdeathsig", "KILL"]
+                *(["setpriv", "--pdeathsig", "KILL"] if tied else [])]
 
     def pids(self) -> dict[int, str]:
         """This node's processes (host pids) but its process 1, with their command lines."""
@@ -193,6 +193,11 @@ class Node:
         self.signal(signal.SIGSTOP, [*ranks, self.client()])
         table = processes()
         return [*ranks, self.client(), *(table[p][0] for p in ranks if p in table)]
+
+    def remount(self, volume: Volume) -> None:
+        """A new filesystem client for ``volume`` on this node (after its client died)."""
+        subprocess.run([*self.enter(tied=False), "sh", "-c", f"umount -l {volume.path}; {volume.mount_command(self.name)}"],
+                       check=True, capture_output=True, timeout=60)
 
     def close(self) -> None:
         try:

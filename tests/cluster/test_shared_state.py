@@ -1,0 +1,117 @@
+"""What two nodes share besides the data: the lock, the filesystem itself. Two jobs on two nodes
+building one cache; a lock whose holder's node is gone; a node's filesystem client dying under a
+job; a full volume. Each ends clearly, publishes nothing partial, and a rerun is byte-identical."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import numpy as np
+
+from support.corpus import run_megacache
+from support.faults import current_phases, final_files, leftovers
+from support.oracle import write_lengths
+from support.sweeps import build_args
+
+FAST = {"MEGACACHE_HEARTBEAT_S": "0.25", "MEGACACHE_STALE_S": "3"}
+
+
+def dataset(shared: str, name: str, documents: int) -> str:
+    prefix = f"{shared}/{name}"
+    write_lengths(prefix, np.random.default_rng(7).integers(1, 120, documents))
+    return prefix
+
+
+def reference(tmp_path, args_for) -> dict[str, bytes]:
+    """The cache of one local process (the same dataset path, a local cache directory)."""
+    run_megacache(1, *args_for(str(tmp_path / "reference")))
+    return final_files(str(tmp_path / "reference"))
+
+
+def wait_for_phase(directory: str, phase: str, job: subprocess.Popen) -> None:
+    while phase not in current_phases(directory):
+        assert job.poll() is None, job.communicate()
+        time.sleep(0.005)
+
+
+def test_two_jobs_on_two_nodes_build_one_cache(cluster, tmp_path):
+    shared = cluster.volume.path
+    prefix = dataset(shared, "data", 400_000)
+    args_for = lambda cache: build_args(cache, [prefix], 32, 1_000_000)  # noqa: E731
+    expected = reference(tmp_path, args_for)
+    jobs = [cluster.start(2, *args_for(f"{shared}/cache"), nodes=[node]) for node in cluster.nodes]
+    outputs = [job.communicate(timeout=120) for job in jobs]
+    assert all(job.returncode == 0 for job in jobs), outputs
+    built = [int(re.search(r"\((\d+) built, (\d+) already there\)", out).group(1)) for out, _ in outputs]
+    assert sorted(built) == [0, 3], outputs  # one built everything, the other reused it
+    assert final_files(f"{shared}/cache") == expected
+    assert not leftovers(f"{shared}/cache")
+
+
+def test_a_lock_whose_holder_node_is_gone_is_broken_from_another_node(cluster, tmp_path):
+    shared = cluster.volume.path
+    prefix = dataset(shared, "data", 1_000_000)
+    args_for = lambda cache: build_args(cache, [prefix], 32, 3_000_000)  # noqa: E731
+    expected = reference(tmp_path, args_for)
+    first, second = cluster.nodes
+    job = cluster.start(2, *args_for(f"{shared}/cache"), nodes=[first], env=FAST)
+    wait_for_phase(f"{shared}/cache", "sample index", job)
+    first.kill()
+    job.communicate(timeout=60)
+    lost = time.monotonic()
+    rerun = cluster.run(2, *args_for(f"{shared}/cache"), nodes=[second], env=FAST)
+    took = time.monotonic() - lost
+    broken = re.search(r"breaking the stale lock \S+ \(held by pid \d+ on node1, job \w+, last heartbeat (\d+) s ago\)",
+                       rerun.stderr)
+    assert broken, rerun.stderr
+    assert int(broken.group(1)) >= 3 and took < 3 + 10, (took, rerun.stderr)
+    assert re.search(r"an earlier job \(\w+\) did not finish: rank 0 \(pid \d+ on node1\) was in phase "
+                     r"'sample index'", rerun.stderr), rerun.stderr
+    assert final_files(f"{shared}/cache") == expected
+    assert not leftovers(f"{shared}/cache")
+
+
+def test_a_node_filesystem_client_dying_is_a_clear_error(cluster, tmp_path):
+    shared = cluster.volume.path
+    prefix = dataset(shared, "data", 1_000_000)
+    args_for = lambda cache: build_args(cache, [prefix], 32, 3_000_000)  # noqa: E731
+    expected = reference(tmp_path, args_for)
+    node = cluster.nodes[1]
+    job = cluster.start(2, *args_for(f"{shared}/cache"), env=FAST)
+    wait_for_phase(f"{shared}/cache", "sample index", job)
+    os.kill(node.client(), signal.SIGKILL)
+    try:
+        out, err = job.communicate(timeout=60)
+    finally:
+        node.remount(cluster.volume)
+    assert job.returncode != 0
+    assert "Transport endpoint is not connected" in err and shared in err, err
+    assert "Traceback" not in err, err
+    assert all(expected.get(n) == data for n, data in final_files(f"{shared}/cache").items())
+    cluster.run(2, *args_for(f"{shared}/cache"), env=FAST)
+    assert final_files(f"{shared}/cache") == expected
+    assert not leftovers(f"{shared}/cache")
+
+
+def test_a_full_volume_is_a_clear_error_and_the_rerun_after_freeing_space_succeeds(cluster, small_volume, tmp_path):
+    shared, small = cluster.volume.path, small_volume.path
+    prefix = dataset(shared, "data", 200_000)
+    args_for = lambda cache: build_args(cache, [prefix], 32, 600_000)  # noqa: E731
+    expected = reference(tmp_path, args_for)
+    needed = sum(len(data) for data in expected.values())
+    free = os.statvfs(small).f_bavail * os.statvfs(small).f_frsize
+    with open(f"{small}/filler", "wb") as f:
+        f.write(b"\0" * (free - needed // 2))
+    failed = cluster.run(2, *args_for(f"{small}/cache"), check=False)
+    assert failed.returncode == 2, failed.stderr
+    assert "No space left on device" in failed.stderr and small in failed.stderr, failed.stderr
+    assert "Traceback" not in failed.stderr, failed.stderr
+    assert all(expected.get(n) == data for n, data in final_files(f"{small}/cache").items())
+    os.unlink(f"{small}/filler")
+    cluster.run(2, *args_for(f"{small}/cache"))
+    assert final_files(f"{small}/cache") == expected
+    assert not leftovers(f"{small}/cache")
