@@ -20,6 +20,7 @@ or disabled on many network filesystems).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -231,6 +232,7 @@ class Monitor:
         self.path = os.path.join(self.dir, f"rank-{rank}")
         self.phase = "starting"
         self._started = time.time()
+        self._failing_since: float | None = None
         self._peer_seen = False
         os.makedirs(self.dir, exist_ok=True)
         self._write()
@@ -274,7 +276,15 @@ class Monitor:
     def _tick(self) -> None:
         try:
             self._watch()
-        except OSError as exc:  # the shared filesystem is gone from this node (its client died)
+            self._failing_since = None
+        except OSError as exc:
+            # A network filesystem answers ESTALE for a while after another node replaced a
+            # directory: looked up anew at the next heartbeat. Anything else, or ESTALE for as long
+            # as a rank may go without a heartbeat: the shared filesystem is gone from this node.
+            now = time.monotonic()
+            if exc.errno == errno.ESTALE and now - (self._failing_since or now) < stale_s():
+                self._failing_since = self._failing_since or now
+                return
             self._stop(f"cannot reach the shared filesystem at {exc.filename or self.dir} "
                        f"({exc.strerror or exc})")
 

@@ -5,7 +5,7 @@
   host through its FUSE client at ``/mnt/megacache-<name>``.
 - ``Node``: a set of Linux namespaces (its own hostname, its own process ids and ``/proc``, its own
   mounts) with its own FUSE client of each volume, mounted at the same path as on the host, and an
-  ``/etc/hosts`` that also names every node (all on this machine's loopback).
+  ``/etc/hosts`` that also names every node (each a loopback address of its own).
 - ``Cluster.mpiexec``: one ``mpiexec`` that starts ``n`` ranks on each node (an MPMD command line,
   each part entering its node with ``nsenter``). The ranks share one hydra proxy, so MPICH is told
   to use no shared memory between them (``MPIR_CVAR_NOLOCAL``), which processes in different pid
@@ -119,7 +119,9 @@ class Node:
         with open("/etc/hosts") as f:
             known = f.read()
         with open(hosts, "w") as f:
-            f.write(known.rstrip("\n") + "\n127.0.0.1 " + " ".join(names) + "\n")
+            # an address of its own each (all loopback), so that each node's name resolves back to
+            # it: torchrun tells its agents apart by their fully qualified names
+            f.write(known.rstrip("\n") + "\n" + "".join(f"127.0.1.{i + 1} {n}\n" for i, n in enumerate(names)))
         if os.path.exists(ready):
             os.unlink(ready)
         script = "\n".join([
@@ -250,7 +252,7 @@ class Cluster:
             raise AssertionError(f"megacache {args[0]} launched on {ranks} ranks ran on other counts:\n{out}")
         return done
 
-    def torchrun(self, nproc_per_node: int, script: str, *args: str, timeout: float = 300) -> list[str]:
+    def torchrun(self, nproc_per_node: int, script: str, *args: str, timeout: float = 120) -> list[str]:
         """``script args`` under one torchrun agent per node (a c10d rendezvous on loopback); each
         agent's output. Fails unless every agent exits 0."""
         port = free_port()
@@ -260,9 +262,11 @@ class Cluster:
         agents = [subprocess.Popen([*node.enter(), sys.executable, "-m", "torch.distributed.run",
                                     "--nnodes", str(len(self.nodes)), "--nproc-per-node", str(nproc_per_node),
                                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                                    # every node's loopback is the endpoint's: the first node hosts it
+                                    "--rdzv-conf", f"is_host={int(i == 0)}",
                                     "--rdzv-id", "megacache-cluster", script, *args],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-                  for node in self.nodes]
+                  for i, node in enumerate(self.nodes)]
         outputs = []
         for node, agent in zip(self.nodes, agents):
             try:
@@ -270,7 +274,8 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 for a in agents:
                     a.kill()
-                raise AssertionError(f"torchrun on {node.name} did not end in {timeout} s")
+                said = "\n".join(f"--- {n.name}:\n{a.communicate()[0][-3000:]}" for n, a in zip(self.nodes, agents))
+                raise AssertionError(f"torchrun on {node.name} did not end in {timeout} s:\n{said}")
             assert agent.returncode == 0, f"torchrun on {node.name} exited {agent.returncode}:\n{out}"
             outputs.append(out)
         return outputs

@@ -14,53 +14,13 @@ import numpy as np
 
 from support.corpus import free_port
 from support.oracle import write_lengths
-
-RANK_MAIN = r"""
-import json, os, sys, time, warnings
-import numpy as np
-import torch
-import torch.distributed as dist
-from torch.utils.data import DataLoader, DistributedSampler
-
-spec = json.load(open(sys.argv[1]))
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-from megacache.interfaces.api import BuildConfig, prepare_cache
-from megacache.interfaces.torchdata import TokenDataset
-cfg = BuildConfig.for_prefix(spec["prefix"], seq_length=spec["L"], sizes=tuple(spec["sizes"]),
-                             tokenizer=spec["tokenizer"], split=spec["split"], seed=spec["seed"],
-                             cache_dir=spec["cache"])
-t = time.monotonic()
-ready = prepare_cache(cfg, timeout_s=120)
-seconds = time.monotonic() - t
-dataset = TokenDataset(ready.splits["train"])
-sampler = DistributedSampler(dataset, shuffle=True, seed=3)
-loader = DataLoader(dataset, batch_size=5, sampler=sampler, num_workers=1)
-batches = torch.cat(list(loader)).numpy()
-indices = list(iter(sampler))
-
-sys.path.insert(0, spec["tests"])
-from support.oracle import megatron_splits, load_mcore
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    mcore = load_mcore()
-    theirs = megatron_splits(mcore, spec["prefix"], spec["split"], spec["sizes"], spec["seed"], spec["L"], 1,
-                             True, path_to_cache=spec["cache"])[0]
-    expected = np.stack([theirs._query_document_sample_shuffle_indices(i)[0] for i in indices])
-np.save(spec["out"] + f".{rank}.npy", np.stack([batches, expected]))
-json.dump({"built": ready.built is not None, "seconds": seconds, "len": len(dataset),
-           "megatron_len": len(theirs), "indices": len(indices), "world": dist.get_world_size()},
-          open(spec["out"] + f".{rank}.json", "w"))
-dist.barrier()
-dist.destroy_process_group()
-"""
+from support.oracles import SUPPORT
 
 
 def torchrun(spec_path: str, nproc: int = 2) -> None:
-    """The real launcher (``torchrun`` is ``python -m torch.distributed.run``) on RANK_MAIN."""
-    script = spec_path + ".rank.py"
-    with open(script, "w") as f:
-        f.write(RANK_MAIN)
+    """The real launcher (``torchrun`` is ``python -m torch.distributed.run``) on
+    tests/support/torchrun_rank.py."""
+    script = os.path.join(SUPPORT, "torchrun_rank.py")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
         env.pop(var, None)

@@ -1,0 +1,47 @@
+"""Rank init under a two-node torchrun job (one agent per emulated node, rendezvousing over
+loopback TCP, gloo between the nodes): ``prepare_cache`` builds the missing cache on the GlusterFS
+volume with both nodes' ranks, a second start only opens it, and on each node megatron-core serves
+the samples megacache's TokenDataset yields, from that cache (tests/support/torchrun_rank.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from support.faults import final_files
+from support.oracle import write_lengths
+from support.oracles import SUPPORT
+
+
+def test_prepare_cache_on_two_nodes_then_megatron_core_loads_it_on_both(cluster):
+    from megacache.megatron.tokenizer import tokenizer_identifiers
+
+    shared = cluster.volume.path
+    prefix = f"{shared}/corpus"
+    write_lengths(prefix, np.random.default_rng(4).integers(1, 120, 2000))
+    cache = f"{shared}/cache"
+    spec = {"prefix": prefix, "L": 32, "sizes": [4000, 200, 50], "split": "90,8,2", "seed": 99, "cache": cache,
+            "tokenizer": tokenizer_identifiers("NullTokenizer", vocab_size=1000), "out": f"{shared}/out",
+            "tests": os.path.dirname(SUPPORT)}
+    with open(f"{shared}/spec.json", "w") as f:
+        json.dump(spec, f)
+    script = os.path.join(SUPPORT, "torchrun_rank.py")
+
+    cluster.torchrun(1, script, f"{shared}/spec.json")
+    first = [json.load(open(f"{shared}/out.{r}.json")) for r in range(2)]
+    assert [m["built"] for m in first] == [True, True], first
+    built = final_files(cache)
+    assert len(built) == 13, sorted(built)
+
+    cluster.torchrun(1, script, f"{shared}/spec.json")
+    second = [json.load(open(f"{shared}/out.{r}.json")) for r in range(2)]
+    assert [m["built"] for m in second] == [False, False], second
+    assert final_files(cache) == built
+    for rank in range(2):
+        meta = second[rank]
+        assert meta["world"] == 2 and meta["len"] == meta["megatron_len"] >= 4000
+        batches, expected = np.load(f"{shared}/out.{rank}.npy")
+        assert batches.shape == (meta["indices"], 33)
+        np.testing.assert_array_equal(batches, expected, err_msg=f"rank {rank}")
