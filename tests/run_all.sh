@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install megacache with its test dependencies and run the whole suite: the serial tests (which also
-# launch real mpiexec jobs of 1-4 ranks), then the MPI tests under 2 and 3 ranks. The output ends on
-# one line: each tier's pytest summary.
+# launch real mpiexec jobs of 1-4 ranks), the slow tests, the MPI tests under 2 and 3 ranks, then the
+# cluster tier (a GlusterFS volume and emulated nodes, as root). The output ends on one line: each
+# tier's pytest summary.
 # megatron-core 0.16.1 is the oracle in this interpreter; 0.17.1, 0.18.2 and 0.19.2 (Python 3.12
 # wheels only) and Megatron-Bridge 0.6.2 in the environments tests/megatron_oracles.sh and
 # tests/bridge_oracle.sh build once and reuse.
@@ -32,10 +33,12 @@ pip_install -e '.[test]'
 pip_install --no-deps modalities==0.5.0
 # A one-node Slurm for tests/system/test_slurm.py (installs slurm-wlm + munge with apt-get). Where
 # that is possible (root, Debian) a failed start fails the run; elsewhere the test skips, saying why.
+# GlusterFS for the cluster tier (tests/cluster): the same rule.
 if [ "$(id -u)" = 0 ] && [ -f /etc/debian_version ]; then
   bash slurm/start_single_node.sh
+  bash tests/cluster/start_glusterfs.sh
 else
-  echo "not root on Debian: Slurm not started, tests/system/test_slurm.py will skip"
+  echo "not root on Debian: Slurm and GlusterFS not started, tests/system/test_slurm.py and tests/cluster will skip"
 fi
 export PYTHONWARNINGS=ignore
 # The tests' files on tmpfs where there is room: the sweeps create and delete hundreds of thousands
@@ -59,18 +62,25 @@ tier() {  # tier NAME COMMAND...: run one tier, keep pytest's last line for the 
 }
 # Two pytest-xdist workers, whole files to each (a file's module fixtures, often oracle runs, are
 # made once); the slowest tests listed: CI's time is a budget.
-tier "serial tests" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --durations=25 tests "$@"
+tier "serial tests" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --durations=25 \
+  --ignore=tests/cluster tests "$@"
 # The slow tier, as users run the kernels: the 3,000-configuration index sweep and the blends of up
 # to 10^7 samples, through the compiled library, test by test over both workers (about 1.5 min).
 # The same tests through numba's JIT, which the fast tier already compares on smaller sweeps, and a
 # timing test that a busy machine fails by chance, run on request: pytest -m slow.
-tier "slow tests, compiled kernels" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist load -m slow -k native tests "$@"
+tier "slow tests, compiled kernels" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist load -m slow -k native \
+  --ignore=tests/cluster tests "$@"
 # Each MPI tier checks that its world has the ranks launched, and fails on a skipped MPI test.
 for n in 2 3; do
   export MEGACACHE_TEST_RANKS=$n
-  tier "MPI tests on $n ranks" mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi tests
+  tier "MPI tests on $n ranks" mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi --ignore=tests/cluster tests
 done
 unset MEGACACHE_TEST_RANKS
+# The cluster tier: a GlusterFS volume and two emulated nodes (Linux namespaces), 2 MPI ranks on
+# each; every command against one local process, then node loss, hangs, SIGTERM, shared locks, a
+# dead filesystem client, a full volume, and a two-node torchrun job (about 3 min).
+tier "cluster tests (GlusterFS, 2 emulated nodes)" python -m pytest -q -rs -p no:cacheprovider --durations=10 \
+  tests/cluster "$@"
 if ! wait "$venvs"; then
   echo "Making the venvs ahead of their tests failed (the tests made them, or said why):"
   tail -n 20 "$venv_log"

@@ -5,6 +5,7 @@ MPI ranks under ``srun --mpi=pmi2``, and the cache equals a plain one-rank build
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -101,3 +102,54 @@ def test_prebuild_job_under_sbatch_equals_a_single_rank_build(tmp_path, compiled
     single = read_dir(single_cache)
     assert sorted(single) == sorted(built)
     assert [n for n in built if built[n] != single[n]] == []
+
+
+def test_scancel_stops_the_prebuild_job_and_a_resubmitted_job_resumes(tmp_path, compiled_kernels):
+    """``scancel`` (what preemption and the time limit do too: SIGTERM to every task) during the
+    tokenize step: every rank stops at once, rank 0 says where the job was, the lock is released;
+    the same job submitted again resumes from the finished work units and its dataset equals a
+    one-rank tokenize."""
+    import time
+
+    from support.faults import current_phases
+
+    require_slurm()
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    corpus, prefix, cache = tmp_path / "corpus", tmp_path / "tok", tmp_path / "cache"
+    megacache("sample-corpus", "--output-dir", str(corpus), "--files", "8", "--documents", "6000", env=env)
+    env.update(INPUT=str(corpus), OUTPUT_PREFIX=str(prefix), DATA_CACHE_PATH=str(cache),
+               TOKENIZE_ARGS="--append-eod --unit-bytes 32K", BUILD_ARGS=" ".join(BUILD_FLAGS),
+               VERIFY_ARGS="--vocab-size 257", MEGACACHE=f"{sys.executable} -m megacache",
+               MEGACACHE_KERNEL_DIR=compiled_kernels)
+    batch = ["--export=ALL", f"--chdir={tmp_path}", "--time=00:02:00", str(REPO / "slurm" / "prebuild.sbatch")]
+    first = tmp_path / "first.out"
+    job_id = subprocess.run(["sbatch", "--parsable", f"--output={first}", *batch], env=env, capture_output=True,
+                            text=True, timeout=30, check=True).stdout.strip().split(";")[0]
+    deadline = time.monotonic() + 90
+    while "tokenizing" not in current_phases(str(tmp_path)):
+        assert time.monotonic() < deadline, f"job {job_id} did not start tokenizing in 90 s"
+        time.sleep(0.02)
+    cancelled = time.monotonic()
+    subprocess.run(["scancel", job_id], check=True, timeout=30)
+    while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() - cancelled < 30, f"job {job_id} still listed 30 s after scancel"
+        time.sleep(0.1)
+    output = first.read_text()
+    assert "megacache tokenize: stopped by SIGTERM: " in output and "was in phase 'tokenizing'" in output, output
+    state = tmp_path / ".megacache"
+    assert not [n for n in (os.listdir(state) if state.exists() else []) if n.endswith(".lock")], "lock not released"
+    assert not Path(f"{prefix}_text_document.idx").exists()
+
+    second = tmp_path / "second.out"
+    job = sbatch_wait([f"--output={second}", *batch], env=env)
+    output = second.read_text()
+    assert job.returncode == 0, output
+    assert "an earlier job" in output and "(stopped by SIGTERM)" in output, output
+    resumed = re.search(r"resuming: (\d+) of (\d+) units already done", output)
+    assert resumed and int(resumed.group(1)) > 0, output
+    megacache("tokenize", "--input", str(corpus), "--output-prefix", str(tmp_path / "single"), "--append-eod",
+              env=env)
+    for suffix in (".bin", ".idx"):
+        assert Path(f"{prefix}_text_document{suffix}").read_bytes() == \
+            (tmp_path / f"single_text_document{suffix}").read_bytes()
