@@ -1,0 +1,90 @@
+"""SIGTERM and SIGINT on one machine (the cluster tier does it across nodes, as root): a real
+``mpiexec -n 2`` build signalled on every rank mid-phase stops at once, rank 0 says where it was,
+the lock is free, every rank ends by the signal, and the rerun reports the stopped job and is
+byte-identical; Ctrl-C on a one-process tokenize does the same and the rerun resumes."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from support.corpus import children, documents, processes, run_megacache, write_jsonl
+from support.faults import current_phases, final_files, leftovers
+from support.oracle import write_lengths
+from support.sweeps import build_args
+
+ENV = dict(os.environ, PYTHONWARNINGS="ignore", MEGACACHE_HEARTBEAT_S="0.2")
+
+
+def wait_for(directory: str, phase: str, job: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while phase not in current_phases(directory):
+        assert job.poll() is None, job.communicate()
+        assert time.monotonic() < deadline, f"no rank reached phase {phase!r} in 60 s"
+        time.sleep(0.002)
+
+
+def no_lock(directory: str) -> bool:
+    state = os.path.join(directory, ".megacache")
+    return not [n for n in (os.listdir(state) if os.path.isdir(state) else []) if n.endswith(".lock")]
+
+
+def test_sigterm_to_every_rank_of_a_build(tmp_path):
+    prefix = str(tmp_path / "data")
+    write_lengths(prefix, np.random.default_rng(5).integers(1, 120, 1_500_000))
+    cache = str(tmp_path / "cache")
+    args = build_args(cache, [prefix], 32, 4_000_000)
+    run_megacache(1, *build_args(str(tmp_path / "reference"), [prefix], 32, 4_000_000))
+    reference = final_files(str(tmp_path / "reference"))
+
+    job = subprocess.Popen(["mpiexec", "-n", "2", sys.executable, "-m", "megacache", *args], env=ENV,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(cache, "sample index", job)
+    ranks = [rank for proxy in children(processes(), job.pid) for rank in children(processes(), proxy)]
+    signalled = time.monotonic()
+    for rank in ranks:
+        os.kill(rank, signal.SIGTERM)
+    _, err = job.communicate(timeout=30)
+    assert time.monotonic() - signalled < 10
+    assert job.returncode == signal.SIGTERM, (job.returncode, err)  # mpiexec reports the signal
+    assert re.search(r"megacache build: stopped by SIGTERM: megacache build of 3 entries was in phase "
+                     r"'sample index' \(rank\(s\) 0, 1\)\. Nothing partial was published", err), err
+    assert no_lock(cache)
+    assert all(reference.get(n) == data for n, data in final_files(cache).items())
+
+    rerun = run_megacache(2, *args)
+    assert re.search(r"rank 0 \(pid \d+ on \S+\) was in phase 'sample index' \(stopped by SIGTERM\)", rerun.stderr)
+    assert final_files(cache) == reference and not leftovers(cache)
+
+
+def test_ctrl_c_on_a_tokenize_then_the_rerun_resumes(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = documents(16000, seed=11)
+    for i in range(8):
+        write_jsonl(str(corpus / f"shard{i}.jsonl"), docs[i::8])
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    args = ["tokenize", "--input", str(corpus), "--output-prefix", f"{out}/tok", "--unit-bytes", "32K", "--threads", "1"]
+    job = subprocess.Popen([sys.executable, "-m", "megacache", *args], env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    wait_for(out, "tokenizing", job)
+    time.sleep(0.5)
+    job.send_signal(signal.SIGINT)
+    _, err = job.communicate(timeout=30)
+    assert job.returncode == -signal.SIGINT, (job.returncode, err)  # ended by the signal: a shell says 130
+    assert "megacache tokenize: stopped by SIGINT: " in err and "was in phase 'tokenizing'" in err, err
+    assert "Traceback" not in err and no_lock(out) and not final_files(out)
+
+    rerun = run_megacache(1, *args)
+    resumed = re.search(r"resuming: (\d+) of (\d+) units already done", rerun.stderr)
+    assert resumed and int(resumed.group(1)) > 0, rerun.stderr
+    run_megacache(1, "tokenize", "--input", str(corpus), "--output-prefix", str(tmp_path / "whole"))
+    assert final_files(out) == {n.replace("whole", "tok"): d for n, d in final_files(str(tmp_path)).items()
+                                if n.startswith("whole")}
