@@ -66,7 +66,7 @@ def test_sigterm_to_every_rank_of_a_build(tmp_path):
 def test_ctrl_c_on_a_tokenize_then_the_rerun_resumes(tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    docs = documents(16000, seed=11)
+    docs = documents(24000, seed=11)
     for i in range(8):
         write_jsonl(str(corpus / f"shard{i}.jsonl"), docs[i::8])
     out = str(tmp_path / "out")
@@ -75,8 +75,11 @@ def test_ctrl_c_on_a_tokenize_then_the_rerun_resumes(tmp_path):
     job = subprocess.Popen([sys.executable, "-m", "megacache", *args], env=ENV, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     wait_for(out, "tokenizing", job)
-    time.sleep(0.5)
-    job.send_signal(signal.SIGINT)
+    work = os.path.join(out, ".tok.megacache-work")
+    while not any(n.endswith(".done") for n in (os.listdir(work) if os.path.isdir(work) else [])):
+        assert job.poll() is None, job.communicate()
+        time.sleep(0.002)
+    job.send_signal(signal.SIGINT)  # once a work unit is finished, so that the rerun has one to keep
     _, err = job.communicate(timeout=30)
     assert job.returncode == -signal.SIGINT, (job.returncode, err)  # ended by the signal: a shell says 130
     assert "megacache tokenize: stopped by SIGINT: " in err and "was in phase 'tokenizing'" in err, err
