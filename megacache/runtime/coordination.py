@@ -40,7 +40,7 @@ from .log import LOG
 
 
 #: how long a rank stopped by a signal waits for rank 0 to have stopped before it ends
-STOP_WAIT_S = 2.0
+STOP_WAIT_S = 5.0
 #: ``temporaries`` for a lock that covers its whole directory (a cache directory)
 ALL = ("",)
 
@@ -264,15 +264,6 @@ class Monitor:
                 return
             time.sleep(0.01)
 
-    def phases(self) -> dict[str, list[int]]:
-        """The ranks in each phase, as their records say now."""
-        phases: dict[str, list[int]] = {}
-        for rank in range(self.size):
-            record, _ = _read_record(os.path.join(self.dir, f"rank-{rank}"))
-            if record:
-                phases.setdefault(record.get("phase", "?"), []).append(rank)
-        return phases
-
     def _tick(self) -> None:
         try:
             self._watch()
@@ -467,24 +458,23 @@ def guarded(comm, directories, key: str, temporaries: tuple[str, ...], what: str
     monitor = None
     ok = False
 
-    def halt(signal_name: str) -> str:
-        """On SIGTERM or SIGINT (``preemption``): release the locks; rank 0 says where the job was."""
+    def where() -> str:
+        """On SIGTERM or SIGINT (``preemption``), before anything else: where the job was, from
+        memory (the filesystem may be what hangs)."""
+        return f"{what} was in phase '{monitor.phase}' on rank {comm.rank}" if monitor is not None else ""
+
+    def halt(signal_name: str) -> None:
+        """Then: release the locks, and mark this rank's record stopped. mpiexec kills every rank
+        once one ends, so the others end only once rank 0's record says it stopped too."""
         for lock in locks:
             lock.release()
-        phases = monitor.phases() if monitor is not None and comm.rank == 0 else {}
-        return f"{what} was in " + ", ".join(f"phase '{p}' (rank(s) {', '.join(map(str, r))})"
-                                             for p, r in phases.items()) if phases else ""
-
-    def mark(signal_name: str) -> None:
-        """Then, rank 0 having said it: this rank's record says it stopped. mpiexec kills every
-        rank when one ends, so the others end only once rank 0's record says so too."""
         if monitor is None:
             return
         monitor.stopped(signal_name)
         if comm.rank != 0:
             monitor.await_stopped(0, timeout=STOP_WAIT_S)
 
-    preemption.register(halt, mark)
+    preemption.register(where, halt)
     try:
         monitor = Monitor(directories[0], key, job, comm.rank, comm.size, comm.abort)
         try:
@@ -511,4 +501,4 @@ def guarded(comm, directories, key: str, temporaries: tuple[str, ...], what: str
         for lock in locks:
             lock.release()
             _remove_state_dir_if_empty(lock.directory)
-        preemption.unregister(halt, mark)
+        preemption.unregister(where, halt)

@@ -1,12 +1,12 @@
 """Stopping on request: SIGTERM (what Slurm sends every task before SIGKILL, on ``scancel``, on
 preemption and at the time limit) and SIGINT (Ctrl-C).
 
-On either signal every rank stops at once: it marks its rank record with the signal (the next job's
-post-mortem says so), releases the locks it holds (the next job starts at once instead of waiting
-``MEGACACHE_STALE_S``), leaves its temporaries for that job to remove, and then ends by the signal
-itself, as a process without a handler would: a shell reports status ``128 + signal`` (143 for
-SIGTERM), mpiexec the signal's number (15), Slurm a task terminated by it. Rank 0 first says which
-phase each rank was in and that a rerun resumes. Nothing is published after the signal: the
+On either signal every rank stops at once. Rank 0 first says which phase the job was in and that a
+rerun resumes. Then each rank releases the locks it holds (the next job starts at once instead of
+waiting ``MEGACACHE_STALE_S``), marks its rank record with the signal (the next job's post-mortem
+says so), leaves its temporaries for that job to remove, and ends by the signal itself, as a
+process without a handler would: a shell reports status ``128 + signal`` (143 for SIGTERM), mpiexec
+the signal's number (15), Slurm a task terminated by it. Nothing is published after the signal: the
 process ends without returning to the code that publishes.
 
 A Python signal handler runs only when the main thread next runs Python code, which a rank waiting
@@ -31,9 +31,9 @@ from .log import LOG
 #: the signals that stop a job on purpose
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-#: this process's running jobs, as ``coordination.guarded`` registers each: ``(halt, mark)``, where
-#: ``halt(signal_name)`` releases the job's locks and returns what rank 0 says of where the job was,
-#: and ``mark(signal_name)``, called once rank 0 has said it, marks the rank's record
+#: this process's running jobs, as ``coordination.guarded`` registers each: ``(where, halt)``, where
+#: ``where()`` says where the job was (from memory) and ``halt(signal_name)`` releases its locks and
+#: marks its rank record
 _jobs: list = []
 _stopping = threading.Lock()
 _installed = 0
@@ -45,38 +45,33 @@ def stoppable_now() -> bool:
     return _installed > 0
 
 
-def register(halt, mark) -> None:
-    _jobs.append((halt, mark))
+def register(where, halt) -> None:
+    _jobs.append((where, halt))
 
 
-def unregister(halt, mark) -> None:
-    if (halt, mark) in _jobs:
-        _jobs.remove((halt, mark))
+def unregister(where, halt) -> None:
+    if (where, halt) in _jobs:
+        _jobs.remove((where, halt))
 
 
 def _stop(signum: int) -> None:
     if not _stopping.acquire(blocking=False):
         threading.Event().wait()  # the other thread is stopping the process: do nothing more meanwhile
     name = signal.Signals(signum).name
-    where = []
-    for halt, _ in reversed(_jobs):
-        try:
-            where.append(halt(name))
-        except Exception as exc:  # a filesystem gone bad: stop anyway, saying so
-            where.append(f"(could not release its lock: {exc})")
+    # Rank 0 speaks first: the launcher may kill it once another rank has ended.
     if _identity["rank"] == 0:
-        where = "; ".join(w for w in where if w) or "while it held no lock"
-        LOG.error(f"megacache {_identity['command']}: stopped by {name}: {where}. Nothing partial was "
-                  f"published and no lock is held: rerun the same command to resume (tokenize keeps its "
-                  f"finished work units; build, merge and convert redo only what was not published).")
+        where = "; ".join(w for w in (where() for where, _ in reversed(_jobs)) if w) or "while it held no lock"
+        LOG.error(f"megacache {_identity['command']}: stopped by {name}: {where}. Nothing partial is "
+                  f"published and the lock is released: rerun the same command to resume (tokenize keeps "
+                  f"its finished work units; build, merge and convert redo only what was not published).")
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    for _, mark in reversed(_jobs):
+    for _, halt in reversed(_jobs):
         try:
-            mark(name)
+            halt(name)
         except Exception:  # a filesystem gone bad: the next job judges this rank by its heartbeat
             pass
     # End by the signal itself, as a process without a handler would: the launcher and the shell
