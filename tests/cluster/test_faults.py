@@ -22,13 +22,11 @@ import numpy as np
 import pytest
 
 from support.corpus import documents, run_megacache, write_jsonl
-from support.faults import current_phases, final_files, leftovers
+from support.faults import FAST, current_phases, final_files, leftovers, lock_held
 from support.oracle import write_lengths
 from support.sweeps import build_args
 
 TRIALS = 5
-#: fault tests watch with short heartbeats and stale times, so that a hang ends in seconds
-FAST = {"MEGACACHE_HEARTBEAT_S": "0.25", "MEGACACHE_STALE_S": "3"}
 #: a job that lost a node to a hang ends within the stale time and this margin
 ENDS_WITHIN = float(FAST["MEGACACHE_STALE_S"]) + 5
 #: the one-prefix build's sizes: a few seconds on two nodes of two ranks
@@ -230,9 +228,7 @@ def test_sigterm_to_every_rank(cluster, workloads, report):
         assert re.search(r"stopped by SIGTERM: (.* was in phase '|while it held no lock)", err), \
             (err, sorted(set(workload.reference) - set(visible)))
         assert "rerun the same command to resume" in err and "Traceback" not in err, err
-        state = os.path.join(workload.outputs, ".megacache")
-        assert not any(n.endswith(".lock") for n in (os.listdir(state) if os.path.isdir(state) else [])), \
-            "the lock was not released"
+        assert not lock_held(workload.outputs), "the lock was not released"
 
     landed, seconds, reruns = run_fault_trials(cluster, workloads, 3, fault, check_end)
     resumed = [re.search(r"resuming: (\d+) of (\d+) units already done", rerun.stderr)

@@ -7,18 +7,14 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import time
 
 import numpy as np
 
 from support.corpus import run_megacache
-from support.faults import current_phases, final_files, leftovers
+from support.faults import FAST, final_files, leftovers, wait_for_phase
 from support.oracle import write_lengths
 from support.sweeps import build_args
-
-FAST = {"MEGACACHE_HEARTBEAT_S": "0.25", "MEGACACHE_STALE_S": "3"}
-
 
 def dataset(shared: str, name: str, documents: int) -> str:
     prefix = f"{shared}/{name}"
@@ -32,10 +28,15 @@ def reference(tmp_path, args_for) -> dict[str, bytes]:
     return final_files(str(tmp_path / "reference"))
 
 
-def wait_for_phase(directory: str, phase: str, job: subprocess.Popen) -> None:
-    while phase not in current_phases(directory):
-        assert job.poll() is None, job.communicate()
-        time.sleep(0.005)
+def interrupted_build(cluster, tmp_path, nodes=None):
+    """A build of a million documents started on ``nodes`` (default: both) and now in its sample
+    index phase: the job, its arguments for a cache directory, and the reference cache."""
+    prefix = dataset(cluster.volume.path, "data", 1_000_000)
+    args_for = lambda cache: build_args(cache, [prefix], 32, 3_000_000)  # noqa: E731
+    expected = reference(tmp_path, args_for)
+    job = cluster.start(2, *args_for(f"{cluster.volume.path}/cache"), nodes=nodes, env=FAST)
+    wait_for_phase(f"{cluster.volume.path}/cache", "sample index", job)
+    return job, args_for, expected
 
 
 def test_two_jobs_on_two_nodes_build_one_cache(cluster, tmp_path):
@@ -54,12 +55,8 @@ def test_two_jobs_on_two_nodes_build_one_cache(cluster, tmp_path):
 
 def test_a_lock_whose_holder_node_is_gone_is_broken_from_another_node(cluster, tmp_path):
     shared = cluster.volume.path
-    prefix = dataset(shared, "data", 1_000_000)
-    args_for = lambda cache: build_args(cache, [prefix], 32, 3_000_000)  # noqa: E731
-    expected = reference(tmp_path, args_for)
     first, second = cluster.nodes
-    job = cluster.start(2, *args_for(f"{shared}/cache"), nodes=[first], env=FAST)
-    wait_for_phase(f"{shared}/cache", "sample index", job)
+    job, args_for, expected = interrupted_build(cluster, tmp_path, nodes=[first])
     first.kill()
     job.communicate(timeout=60)
     lost = time.monotonic()
@@ -77,12 +74,8 @@ def test_a_lock_whose_holder_node_is_gone_is_broken_from_another_node(cluster, t
 
 def test_a_node_filesystem_client_dying_is_a_clear_error(cluster, tmp_path):
     shared = cluster.volume.path
-    prefix = dataset(shared, "data", 1_000_000)
-    args_for = lambda cache: build_args(cache, [prefix], 32, 3_000_000)  # noqa: E731
-    expected = reference(tmp_path, args_for)
     node = cluster.nodes[1]
-    job = cluster.start(2, *args_for(f"{shared}/cache"), env=FAST)
-    wait_for_phase(f"{shared}/cache", "sample index", job)
+    job, args_for, expected = interrupted_build(cluster, tmp_path)
     os.kill(node.client(), signal.SIGKILL)
     try:
         out, err = job.communicate(timeout=60)

@@ -15,24 +15,11 @@ import time
 import numpy as np
 
 from support.corpus import children, documents, processes, run_megacache, write_jsonl
-from support.faults import current_phases, final_files, leftovers
+from support.faults import final_files, leftovers, lock_held, wait_for_phase
 from support.oracle import write_lengths
 from support.sweeps import build_args
 
 ENV = dict(os.environ, PYTHONWARNINGS="ignore", MEGACACHE_HEARTBEAT_S="0.2")
-
-
-def wait_for(directory: str, phase: str, job: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while phase not in current_phases(directory):
-        assert job.poll() is None, job.communicate()
-        assert time.monotonic() < deadline, f"no rank reached phase {phase!r} in 60 s"
-        time.sleep(0.002)
-
-
-def no_lock(directory: str) -> bool:
-    state = os.path.join(directory, ".megacache")
-    return not [n for n in (os.listdir(state) if os.path.isdir(state) else []) if n.endswith(".lock")]
 
 
 def test_sigterm_to_every_rank_of_a_build(tmp_path):
@@ -45,7 +32,7 @@ def test_sigterm_to_every_rank_of_a_build(tmp_path):
 
     job = subprocess.Popen(["mpiexec", "-n", "2", sys.executable, "-m", "megacache", *args], env=ENV,
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for(cache, "sample index", job)
+    wait_for_phase(cache, "sample index", job)
     ranks = [rank for proxy in children(processes(), job.pid) for rank in children(processes(), proxy)]
     signalled = time.monotonic()
     for rank in ranks:
@@ -55,7 +42,7 @@ def test_sigterm_to_every_rank_of_a_build(tmp_path):
     assert job.returncode == signal.SIGTERM, (job.returncode, err)  # mpiexec reports the signal
     assert re.search(r"megacache build: stopped by SIGTERM: megacache build of 3 entries was in phase "
                      r"'sample index' on rank 0\. Nothing partial is published", err), err
-    assert no_lock(cache)
+    assert not lock_held(cache)
     assert all(reference.get(n) == data for n, data in final_files(cache).items())
 
     rerun = run_megacache(2, *args)
@@ -74,7 +61,7 @@ def test_ctrl_c_on_a_tokenize_then_the_rerun_resumes(tmp_path):
     args = ["tokenize", "--input", str(corpus), "--output-prefix", f"{out}/tok", "--unit-bytes", "32K", "--threads", "1"]
     job = subprocess.Popen([sys.executable, "-m", "megacache", *args], env=ENV, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
-    wait_for(out, "tokenizing", job)
+    wait_for_phase(out, "tokenizing", job)
     work = os.path.join(out, ".tok.megacache-work")
     while not any(n.endswith(".done") for n in (os.listdir(work) if os.path.isdir(work) else [])):
         assert job.poll() is None, job.communicate()
@@ -83,7 +70,7 @@ def test_ctrl_c_on_a_tokenize_then_the_rerun_resumes(tmp_path):
     _, err = job.communicate(timeout=30)
     assert job.returncode == -signal.SIGINT, (job.returncode, err)  # ended by the signal: a shell says 130
     assert "megacache tokenize: stopped by SIGINT: " in err and "was in phase 'tokenizing'" in err, err
-    assert "Traceback" not in err and no_lock(out) and not final_files(out)
+    assert "Traceback" not in err and not lock_held(out) and not final_files(out)
 
     rerun = run_megacache(1, *args)
     resumed = re.search(r"resuming: (\d+) of (\d+) units already done", rerun.stderr)

@@ -111,7 +111,7 @@ def test_scancel_stops_the_prebuild_job_and_a_resubmitted_job_resumes(tmp_path, 
     one-rank tokenize."""
     import time
 
-    from support.faults import current_phases
+    from support.faults import current_phases, lock_held
 
     require_slurm()
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
@@ -137,8 +137,7 @@ def test_scancel_stops_the_prebuild_job_and_a_resubmitted_job_resumes(tmp_path, 
         time.sleep(0.1)
     output = first.read_text()
     assert "megacache tokenize: stopped by SIGTERM: " in output and "was in phase 'tokenizing'" in output, output
-    state = tmp_path / ".megacache"
-    assert not [n for n in (os.listdir(state) if state.exists() else []) if n.endswith(".lock")], "lock not released"
+    assert not lock_held(str(tmp_path)), "lock not released"
     assert not Path(f"{prefix}_text_document.idx").exists()
 
     second = tmp_path / "second.out"
