@@ -12,4 +12,4 @@ mpiexec -n 2 megacache tokenize --input "$OUT/corpus" --output-prefix "$OUT/samp
 mpiexec -n 2 megacache build --data-path "$OUT/sample_text_document" --seq-length 256 --train-iters 500 \
     --global-batch-size 8 --eval-iters 5 --eval-interval 100 --tokenizer-type NullTokenizer --vocab-size 257 \
     --data-cache-path "$OUT/cache"
-megacache verify "$OUT/sample_text_document" "$OUT/cache" --vocab-size 257
+mpiexec -n 2 megacache verify "$OUT/sample_text_document" "$OUT/cache" --vocab-size 257

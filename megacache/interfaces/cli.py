@@ -393,6 +393,7 @@ def _indent(text: str, spaces: int) -> str:
 
 def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     import os
+    import time
 
     from ..formats.indexed import bin_path, idx_path
     from ..formats.pbin import is_pbin
@@ -400,6 +401,7 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_pbin
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
+    started = time.perf_counter()
     failed, checked = [], 0
 
     def report(name: str, summary: str, problems: list[str]) -> None:
@@ -409,33 +411,46 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
         else:
             print(f"ok   {summary}", flush=True)
 
-    if comm.rank == 0:
-        for path in args.paths:
-            if is_pbin(path):
-                checked += 1
-                problems, summary = verify_pbin(path, vocab_size=args.vocab_size)
-                report(path, summary, problems)
-                continue
-            prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
-            # A prefix with its files is a dataset even when it is a directory too (Megatron's default
-            # cache directory lives under the prefix), as inspect decides.
-            if os.path.isdir(path) and not (os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix))):
-                verdicts = verify_cache(path, version)
-                if not verdicts:
-                    report(path, "", [f"{path}: no cache entries in this directory"])
-                checked += max(len(verdicts), 1)
-                for v in verdicts:
-                    report(v.title, f"{v.title}: {v.summary}", v.problems)
-            else:
-                checked += 1
-                problems = verify_dataset(prefix, vocab_size=args.vocab_size)
-                report(prefix, "" if problems else summarize_dataset(prefix), problems)
-    failed, checked = comm.bcast((failed, checked))
+    def is_cache(path: str) -> bool:
+        # A prefix with its files is a dataset even when it is a directory too (Megatron's default
+        # cache directory lives under the prefix), as inspect decides.
+        prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
+        return os.path.isdir(path) and not (os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)))
+
+    def check_dataset(path: str) -> tuple[str, str, list[str]]:
+        if is_pbin(path):
+            problems, summary = verify_pbin(path, vocab_size=args.vocab_size)
+            return path, summary, problems
+        prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
+        problems = verify_dataset(prefix, vocab_size=args.vocab_size)
+        return prefix, "" if problems else summarize_dataset(prefix), problems
+
+    # Datasets are shared out over the ranks, caches checked by all of them together.
+    caches = comm.on_root(lambda: [is_cache(path) for path in args.paths], "finding the caches")
+    datasets = [i for i, cache in enumerate(caches) if not cache]
+    with comm.agreed("checking the datasets"):
+        mine = {i: check_dataset(args.paths[i]) for i in datasets[comm.rank :: comm.size]}
+    checked_datasets = {i: r for part in comm.allgather(mine) for i, r in part.items()}
+    for i, path in enumerate(args.paths):
+        if not caches[i]:
+            checked += 1
+            if comm.rank == 0:
+                report(*checked_datasets[i])
+            continue
+        verdicts = verify_cache(path, version, comm)
+        checked += max(len(verdicts), 1)
+        if comm.rank == 0:
+            if not verdicts:
+                report(path, "", [f"{path}: no cache entries in this directory"])
+            for v in verdicts:
+                report(v.title, f"{v.title}: {v.summary}", v.problems)
+    failed = comm.bcast(failed)
     if failed:
         shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
         raise MegacacheError(f"{len(failed)} of {checked} dataset(s) or cache entries failed verification: {shown}")
     if comm.rank == 0:
-        print(f"megacache verify: all {checked} dataset(s) and cache entries passed", flush=True)
+        print(f"megacache verify: all {checked} dataset(s) and cache entries passed in "
+              f"{time.perf_counter() - started:.1f} s on {comm.size} rank(s)", flush=True)
 
 
 def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
@@ -628,7 +643,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin) and cache directories for consistency; "
-                                      "exit 0 only if all hold")
+                                      "exit 0 only if all hold; under mpiexec/srun the ranks share the datasets "
+                                      "and entries and each checks a slice of every blend")
     p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|CACHE_DIR",
                    help="a dataset prefix (or its .idx/.bin), a .pbin file, or a cache directory")
     p.add_argument("--vocab-size", type=positive,

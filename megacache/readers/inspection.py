@@ -93,6 +93,11 @@ class EntrySummary:
     def missing(self) -> list[str]:
         return [w for w in ENTRY_FILES[self.class_name] if w not in self.present]
 
+    @property
+    def whole(self) -> bool:
+        """Every file present, every array readable, a description to check them against."""
+        return not self.missing and len(self.arrays) == len(self.present) - 1 and isinstance(self.description, dict)
+
     def path(self, what: str) -> str:
         return os.path.join(self.directory, f"{self.hash}-{self.class_name}-{self.split_name}-{what}")
 
@@ -109,7 +114,10 @@ class CacheSummary:
         return [p for e in self.entries for p in e.problems]
 
 
-def _read_entry(e: EntrySummary) -> None:
+def read_entry(e: EntrySummary, count_whole_blends: bool = True) -> None:
+    """Its description and array headers into ``e``, and its problems. A blend's draws per dataset
+    are counted here (a pass over its ``dataset_index``) unless it is whole and
+    ``count_whole_blends`` is False: verify counts those over its ranks."""
     if e.missing:
         e.problems.append(f"{e.path(e.missing[0])}: incomplete entry, missing {', '.join(e.missing)} "
                           f"(Megatron rebuilds it); rebuild or delete its files")
@@ -138,7 +146,14 @@ def _read_entry(e: EntrySummary) -> None:
             e.epochs = _epochs(e, array.shape[0])
         elif what == "dataset_index.npy":
             e.samples = len(array)
-            _count_blend(e, array)
+            counted_at = len(e.problems)
+            if count_whole_blends:
+                count_blend(e, array)
+    if not count_whole_blends and "dataset_index.npy" in e.arrays and not e.whole:
+        later = e.problems[counted_at:]  # its problems go where counting in turn would have put them
+        del e.problems[counted_at:]
+        count_blend(e, load_npy(e.path("dataset_index.npy")))
+        e.problems += later
 
 
 def _epochs(e: EntrySummary, document_index_length: int) -> int | None:
@@ -161,7 +176,7 @@ def split_range(ids: dict, split_name: str, n_sequences: int) -> tuple[int, int]
     return split_ranges([bookend], n_sequences)[0]
 
 
-def _count_blend(e: EntrySummary, dataset_index: np.ndarray) -> None:
+def count_blend(e: EntrySummary, dataset_index: np.ndarray) -> None:
     """Fewest and most samples drawn from one dataset; counted in bounded blocks (a blend can hold
     billions of samples)."""
     datasets = e.description.get("datasets") if isinstance(e.description, dict) else None
@@ -180,7 +195,8 @@ def _count_blend(e: EntrySummary, dataset_index: np.ndarray) -> None:
     e.dataset_counts = (int(counts.min()), int(counts.max()))
 
 
-def inspect_cache(directory: str) -> CacheSummary:
+def list_cache(directory: str) -> CacheSummary:
+    """The entries of a cache directory by their names alone (nothing read), in no order."""
     found: dict[tuple[str, str, str], set[str]] = {}
     temporary = other = 0
     for item in os.scandir(directory):
@@ -195,10 +211,20 @@ def inspect_cache(directory: str) -> CacheSummary:
             continue
         found.setdefault(m.group(1, 2, 3), set()).add(m.group(4))
     entries = [EntrySummary(directory, h, c, s, present) for (h, c, s), present in found.items()]
-    for e in entries:
-        _read_entry(e)
-    entries.sort(key=lambda e: (e.class_name, _dataset_path(e), SPLIT_NAMES.index(e.split_name), e.hash))
     return CacheSummary(directory, entries, temporary, other)
+
+
+def in_order(entries: list[EntrySummary]) -> list[EntrySummary]:
+    """Read entries as inspect and verify show them: GPTDatasets, then blends, by dataset and split."""
+    return sorted(entries, key=lambda e: (e.class_name, _dataset_path(e), SPLIT_NAMES.index(e.split_name), e.hash))
+
+
+def inspect_cache(directory: str) -> CacheSummary:
+    cache = list_cache(directory)
+    for e in cache.entries:
+        read_entry(e)
+    cache.entries = in_order(cache.entries)
+    return cache
 
 
 def _dataset_path(e: EntrySummary) -> str:

@@ -13,17 +13,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..algorithms.gpt_index import GPTIndexPlan
-from ..builders.gpt import array_shapes
 from ..algorithms.blocks import BLOCK, first_bad
+from ..algorithms.gpt_index import GPTIndexPlan
+from ..algorithms.verification import BlendSlice, blend_verdict, check_blend_order, mark_permutation, permutation_marks
+from ..builders.gpt import array_shapes
 from ..errors import FormatError, MegacacheError
-from ..megatron.cache import describe, description_hash
 from ..formats.indexed import IndexedDataset, bin_path, idx_path
 from ..formats.npy import load_npy
 from ..formats.pbin import PackedFile, expected_offsets
-from .inspection import inspect_cache, split_range, tokenizer_note
+from ..megatron.cache import describe, description_hash
 from ..megatron.tokenizer import versions_of
 from ..megatron.versions import resolve
+from ..runtime.comm import Comm, SingleComm
+from ..runtime.fsio import pread_into
+from .inspection import count_blend, in_order, list_cache, read_entry, split_range, tokenizer_note
 
 
 
@@ -145,36 +148,74 @@ class EntryVerdict:
         return f"{self.hash} {self.class_name} {self.split_name}"
 
 
-def verify_cache(directory: str, megatron_version: str | None = None) -> list[EntryVerdict]:
+def verify_cache(directory: str, megatron_version: str | None = None, comm: Comm | None = None) -> list[EntryVerdict]:
     """Every entry of a cache directory, checked against its description, its dataset and its blend's
     children (in the same directory), and its tokenizer identity against ``megatron_version``'s
-    (default as ``versions.resolve``): an identity only other versions build is never found."""
+    (default as ``versions.resolve``): an identity only other versions build is never found.
+
+    Collective over ``comm``'s ranks: each reads a share of the entries and checks a share (balanced
+    by their bytes), every rank checks a slice of each blend; every rank returns every verdict, in
+    inspect's order. The verdicts do not depend on the number of ranks."""
+    comm = comm or SingleComm()
     version = resolve(megatron_version)
-    entries = inspect_cache(directory).entries
+    listed = comm.on_root(lambda: sorted(list_cache(directory).entries, key=_key), "listing the cache")
+    with comm.agreed("reading the cache entries"):
+        mine = listed[comm.rank :: comm.size]
+        for e in mine:
+            read_entry(e, count_whole_blends=False)  # whole blends are counted in slices below
+    entries = in_order([e for part in comm.allgather(mine) for e in part])
     gpt = {e.hash: e for e in entries if e.class_name == "GPTDataset"}
-    verdicts = []
-    for e in entries:
-        v = EntryVerdict(e.hash, e.class_name, e.split_name, problems=list(e.problems))
-        # Deeper checks need every array readable and a description to check them against.
-        whole = not e.missing and len(e.arrays) == len(e.present) - 1 and isinstance(e.description, dict)
-        if whole and e.class_name == "GPTDataset":
-            _verify_gpt(e, v)
-            tokenizer = e.description.get("tokenizer")
-            others = versions_of(tokenizer) if isinstance(tokenizer, dict) else []
-            if others and version not in others:
-                v.problems.append(f"{e.path('description.txt')}: its tokenizer is {tokenizer_note(tokenizer, version)}; "
-                                  f"rebuild with --megatron-version {version}")
-        elif whole:
-            _verify_blend(e, v, gpt)
-        verdicts.append(v)
-    return verdicts
+    sliced = [e for e in entries if _sliceable(e)]
+    alone = [e for e in entries if not _sliceable(e)]
+    verdicts = {}
+    with comm.agreed("checking the cache entries"):
+        for e, owner in zip(alone, _owners(alone, comm.size)):
+            if owner == comm.rank:
+                verdicts[_key(e)] = _verify_entry(e, gpt, version)
+    for e in sliced:
+        verdicts[_key(e)] = _verify_blend_slices(e, gpt, comm)
+    for part in comm.allgather({k: v for k, v in verdicts.items() if v is not None}):
+        verdicts.update(part)
+    return [verdicts[_key(e)] for e in entries]
 
 
-def _dtype_problem(path: str, array: np.ndarray, dtypes: tuple, ndim: int, what: str) -> str | None:
-    if array.dtype in dtypes and array.ndim == ndim:
+def _key(e) -> tuple[str, str, str]:
+    return e.hash, e.class_name, e.split_name
+
+
+def _owners(entries: list, ranks: int) -> list[int]:
+    """A rank for each entry: the largest first, each to the rank with the fewest bytes so far."""
+    load = [0] * ranks
+    owners = [0] * len(entries)
+    sizes = [sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in e.arrays.values()) for e in entries]
+    for i in sorted(range(len(entries)), key=lambda i: (-sizes[i], i)):
+        owners[i] = r = load.index(min(load))
+        load[r] += sizes[i]
+    return owners
+
+
+def _verify_entry(e, gpt: dict, version: str) -> EntryVerdict:
+    if e.class_name == "BlendedDataset" and e.whole:  # not counted when read (read_entry)
+        count_blend(e, load_npy(e.path("dataset_index.npy")))
+    v = EntryVerdict(e.hash, e.class_name, e.split_name, problems=list(e.problems))
+    # Deeper checks need every array readable and a description to check them against.
+    if e.whole and e.class_name == "GPTDataset":
+        _verify_gpt(e, v)
+        tokenizer = e.description.get("tokenizer")
+        others = versions_of(tokenizer) if isinstance(tokenizer, dict) else []
+        if others and version not in others:
+            v.problems.append(f"{e.path('description.txt')}: its tokenizer is {tokenizer_note(tokenizer, version)}; "
+                              f"rebuild with --megatron-version {version}")
+    elif e.whole:  # a blend found wrong before its draws could be checked (see _sliceable)
+        v.problems += _blend_problems(e)
+    return v
+
+
+def _dtype_problem(path: str, dtype: np.dtype, shape: tuple, dtypes: tuple, ndim: int, what: str) -> str | None:
+    if dtype in dtypes and len(shape) == ndim:
         return None
     allowed = " or ".join(np.dtype(d).name for d in dtypes)
-    return f"{path}: {array.dtype.name}{list(array.shape)}, expected {what} of {allowed}"
+    return f"{path}: {dtype.name}{list(shape)}, expected {what} of {allowed}"
 
 
 def _matching_plans(e, lengths: np.ndarray, split_range: tuple[int, int], shapes: dict) -> list[GPTIndexPlan]:
@@ -207,9 +248,9 @@ def _verify_gpt(e, v: EntryVerdict) -> None:
                                                                "shuffle_index.npy"))
     doc, samples, shuffled = load_npy(doc_path), load_npy(sample_path), load_npy(shuffle_path)
     bad_dtypes = [p for p in (
-        _dtype_problem(doc_path, doc, (np.int32,), 1, "1-D"),
-        _dtype_problem(sample_path, samples, (np.int32, np.int64), 2, "rows of 2"),
-        _dtype_problem(shuffle_path, shuffled, (np.uint32, np.int64), 1, "1-D"),
+        _dtype_problem(doc_path, doc.dtype, doc.shape, (np.int32,), 1, "1-D"),
+        _dtype_problem(sample_path, samples.dtype, samples.shape, (np.int32, np.int64), 2, "rows of 2"),
+        _dtype_problem(shuffle_path, shuffled.dtype, shuffled.shape, (np.uint32, np.int64), 1, "1-D"),
     ) if p]
     if samples.ndim == 2 and samples.shape[1] != 2:
         bad_dtypes.append(f"{sample_path}: shape {list(samples.shape)}, expected rows of 2 (position, offset)")
@@ -315,65 +356,66 @@ def _check_shuffle_index(path: str, shuffled: np.ndarray, num_samples: int) -> l
     """A permutation of [0, len) covering at least every sample."""
     if len(shuffled) < num_samples:
         return [f"{path}: {len(shuffled):,} entries, fewer than the sample index's {num_samples:,} samples"]
-    seen = np.zeros(len(shuffled), dtype=bool)
+    marks = permutation_marks(len(shuffled))
     for a in range(0, len(shuffled), BLOCK):
-        block = np.asarray(shuffled[a : a + BLOCK], dtype=np.int64)
-        bad = first_bad((block < 0) | (block >= len(shuffled)))
-        if bad is not None:
-            return [f"{path}: shuffle_index[{a + bad}] is {int(block[bad])}, outside [0, {len(shuffled):,})"]
-        # Repeats of earlier blocks, and within this one (a stable sort keeps the first of equals first).
-        repeats = np.flatnonzero(seen[block])
-        order = np.argsort(block, kind="stable")
-        ordered = block[order]
-        within = order[1:][ordered[1:] == ordered[:-1]]
-        if len(repeats) or len(within):
-            bad = min(repeats[:1].tolist() + within.tolist())
-            return [f"{path}: shuffle_index[{a + bad}] is {int(block[bad])}, which appears earlier too: not a "
+        block = np.asarray(shuffled[a : a + BLOCK])
+        outside, repeat = mark_permutation(block, len(shuffled), marks)
+        if outside is not None:
+            return [f"{path}: shuffle_index[{a + outside}] is {int(block[outside])}, outside [0, {len(shuffled):,})"]
+        if repeat is not None:
+            return [f"{path}: shuffle_index[{a + repeat}] is {int(block[repeat])}, which appears earlier too: not a "
                     f"permutation"]
-        seen[block] = True
     return []
 
 
-def _verify_blend(e, v: EntryVerdict, gpt: dict) -> None:
+def _blend_problems(e) -> list[str]:
+    """What keeps a whole blend entry's draws from being checked: its arrays' types, its description's
+    datasets, its size."""
     ids = e.description
     index_path, sample_path = e.path("dataset_index.npy"), e.path("dataset_sample_index.npy")
-    dataset_index, sample_index = load_npy(index_path), load_npy(sample_path)
-    bad_dtypes = [p for p in (_dtype_problem(index_path, dataset_index, (np.int16,), 1, "1-D"),
-                              _dtype_problem(sample_path, sample_index, (np.int64,), 1, "1-D")) if p]
+    (index_shape, index_dtype), (sample_shape, sample_dtype) = (e.arrays["dataset_index.npy"],
+                                                                e.arrays["dataset_sample_index.npy"])
+    bad_dtypes = [p for p in (_dtype_problem(index_path, index_dtype, index_shape, (np.int16,), 1, "1-D"),
+                              _dtype_problem(sample_path, sample_dtype, sample_shape, (np.int64,), 1, "1-D")) if p]
     if bad_dtypes:
-        v.problems += bad_dtypes
-        return
+        return bad_dtypes
     datasets, size, weights = ids.get("datasets"), ids.get("size"), ids.get("weights")
     if not isinstance(datasets, list):
-        v.problems.append(f"{e.path('description.txt')}: no list of datasets")
-        return
+        return [f"{e.path('description.txt')}: no list of datasets"]
     if size is None and isinstance(weights, list) and all(isinstance(w, int) for w in weights):
         size = sum(weights)  # an unweighted blend takes every sample of every dataset
-    for path, array in ((index_path, dataset_index), (sample_path, sample_index)):
-        if len(array) != size:
-            v.problems.append(f"{path}: {len(array):,} samples, but the description's size is {size}")
-    if v.problems:
-        return  # includes inspect's dataset ids outside the description's datasets
-    counts = np.zeros(len(datasets), dtype=np.int64)  # samples so far of each dataset
-    for a in range(0, len(dataset_index), BLOCK):
-        block = np.asarray(dataset_index[a : a + BLOCK], dtype=np.int64)
-        got = np.asarray(sample_index[a : a + BLOCK])
-        # The samples of dataset d must be d's 0, 1, 2, ... in order: rank each element among its
-        # dataset's elements in this block (stable sort), then add the samples of earlier blocks.
-        order = np.argsort(block, kind="stable")
-        grouped = block[order]
-        group_start = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
-        group_sizes = np.diff(np.r_[group_start, len(grouped)])
-        rank = np.arange(len(grouped)) - np.repeat(group_start, group_sizes)
-        want = np.empty(len(block), dtype=np.int64)
-        want[order] = counts[grouped] + rank
-        bad = first_bad(got != want)
-        if bad is not None:
-            v.problems.append(f"{sample_path}: dataset_sample_index[{a + bad}] is {int(got[bad])}, but it is sample "
-                              f"{int(want[bad])} drawn from dataset {int(block[bad])}: each dataset's samples must "
-                              f"be 0, 1, 2, ... in order")
-            return
-        counts += np.bincount(block, minlength=len(datasets))
+    return [f"{path}: {shape[0]:,} samples, but the description's size is {size}"
+            for path, shape in ((index_path, index_shape), (sample_path, sample_shape)) if shape[0] != size]
+
+
+def _sliceable(e) -> bool:
+    """A blend whose draws are checked in slices over the ranks: nothing found wrong before."""
+    return e.class_name == "BlendedDataset" and e.whole and not e.problems and not _blend_problems(e)
+
+
+def _verify_blend_slices(e, gpt: dict, comm: Comm) -> EntryVerdict:
+    """A sliceable blend's verdict, every rank checking a slice of its draws (the same verdict on
+    every rank)."""
+    v = EntryVerdict(e.hash, e.class_name, e.split_name)
+    datasets = e.description["datasets"]
+    index_path, sample_path = e.path("dataset_index.npy"), e.path("dataset_sample_index.npy")
+    n = e.arrays["dataset_index.npy"][0][0]
+    with comm.agreed("checking a blend's draws"):
+        mine = BlendSlice(len(datasets))
+        lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
+        for a, indices, samples in _blocks(((index_path, np.int16), (sample_path, np.int64)), lo, hi):
+            check_blend_order(indices, samples, a, mine)
+    outside, unordered, counts = blend_verdict(comm.allgather(mine))
+    if outside is not None:
+        a, value = outside
+        v.problems.append(f"{index_path}: dataset_index[{a}] is {value}, outside the description's {len(datasets)} "
+                          f"datasets")
+        return v
+    if unordered is not None:
+        a, d, got, want = unordered
+        v.problems.append(f"{sample_path}: dataset_sample_index[{a}] is {got}, but it is sample {want} drawn from "
+                          f"dataset {d}: each dataset's samples must be 0, 1, 2, ... in order")
+        return v
     for d, child in enumerate(datasets):
         child_hash = description_hash(describe(child))
         entry = gpt.get(child_hash)
@@ -386,4 +428,24 @@ def _verify_blend(e, v: EntryVerdict, gpt: dict) -> None:
                               f"entry {child_hash} has only {entry.samples:,}")
     if not v.problems:
         spread = f" (per dataset: min {int(counts.min()):,}, max {int(counts.max()):,})" if len(counts) else ""
-        v.summary = (f"{len(dataset_index):,} samples from {len(datasets):,} datasets{spread}")
+        v.summary = f"{n:,} samples from {len(datasets):,} datasets{spread}"
+    return v
+
+
+def _blocks(files, lo: int, hi: int):
+    """``(position, block of each file, ...)`` over elements ``[lo, hi)`` of same-length ``.npy`` arrays,
+    ``BLOCK`` at a time, read into buffers reused from block to block (memory per rank is a block,
+    whatever the arrays' size)."""
+    fds, offsets, buffers = [], [], []
+    try:
+        for path, dtype in files:
+            offsets.append(load_npy(path).offset)
+            fds.append(os.open(path, os.O_RDONLY))
+            buffers.append(np.empty(min(BLOCK, hi - lo), dtype=dtype))
+        for a in range(lo, hi, BLOCK):
+            m = min(BLOCK, hi - a)
+            yield (a, *(pread_into(fd, buf[:m], off + a * buf.itemsize)
+                        for fd, buf, off in zip(fds, buffers, offsets)))
+    finally:
+        for fd in fds:
+            os.close(fd)

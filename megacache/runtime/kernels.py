@@ -44,6 +44,7 @@ MODULES = (
     "megacache.algorithms.blend_kernels",
     "megacache.algorithms.gpt_index",
     "megacache.algorithms.permutation",
+    "megacache.algorithms.verification",
     "megacache.formats.pickled_pairs",
 )
 _PREFIX = "megacache_kernels_"

@@ -98,7 +98,7 @@ def file_bytes(prefix: str) -> tuple[bytes, bytes]:
 #: how a test runs the megacache command
 MEGACACHE = (sys.executable, "-m", "megacache")
 #: the commands whose summary says on how many ranks they ran
-RANKS_REPORTED = ("tokenize", "merge", "convert", "build")
+RANKS_REPORTED = ("tokenize", "merge", "convert", "build", "verify")
 
 
 def megacache_cmd(ranks: int, *args: str, program=MEGACACHE) -> list[str]:

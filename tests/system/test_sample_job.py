@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import subprocess
 
 import pytest
@@ -21,10 +22,11 @@ def check_sample_job(done: subprocess.CompletedProcess, out, kernels: str) -> No
     assert done.stdout.startswith(kernels), done.stdout[:2000]
     assert "note: no kernels compiled" not in done.stderr
     assert "megacache build: 1 dataset(s), 3 GPTDataset and 0 BlendedDataset cache entries (3 built" in done.stdout
-    assert done.stdout.count(" on 2 rank(s)") == 2, done.stdout  # tokenize and build, on the ranks launched
+    assert done.stdout.count(" on 2 rank(s)") == 3, done.stdout  # tokenize, build and verify, on the ranks launched
     verified = [line for line in done.stdout.splitlines() if line.startswith("ok ")]
     assert len(verified) == 4, done.stdout  # the dataset and its three cache entries
-    assert done.stdout.rstrip().endswith("megacache verify: all 4 dataset(s) and cache entries passed"), done.stdout
+    assert re.search(r"megacache verify: all 4 dataset\(s\) and cache entries passed in [0-9.]+ s on 2 rank\(s\)$",
+                     done.stdout.rstrip()), done.stdout
     assert os.path.isfile(os.path.join(out, "cache", "sequences_per_dataset.json"))
 
 

@@ -1,5 +1,7 @@
 """megacache verify finds each kind of damage, names the file and the first bad element."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -257,7 +259,8 @@ def test_cli_verifies_cache_directories(blend_cache):
     ok = run_megacache(1, "verify", cache)
     lines = ok.stdout.splitlines()
     assert len(lines) == 10 and all(line.startswith("ok   ") for line in lines[:9])
-    assert lines[9] == "megacache verify: all 9 dataset(s) and cache entries passed"
+    assert re.fullmatch(r"megacache verify: all 9 dataset\(s\) and cache entries passed in [0-9.]+ s on 1 rank\(s\)",
+                        lines[9])
     assert f"ok   {title}: {blend.size:,} samples from 2 datasets" in ok.stdout
     path = blend.entry.path("dataset_sample_index.npy")
     resave(path, np.load(path).astype(np.int32))
@@ -265,3 +268,37 @@ def test_cli_verifies_cache_directories(blend_cache):
     assert bad.returncode == 2
     assert f"FAIL {title}\n  {path}: int32[{blend.size}], expected 1-D of int64\n" in bad.stdout
     assert "1 of 9 dataset(s) or cache entries failed verification" in bad.stderr
+
+
+def test_verdicts_do_not_depend_on_the_ranks(blend_cache):
+    """Ranks check slices of each blend and shares of the entries: the same lines at P = 1, 2, 3,
+    with faults where P = 3's slices start, an id outside the datasets after an order fault (the id
+    is named, as one pass reports it), and a damaged GPTDataset entry."""
+    result, blend, cache, title = blend_cache
+    train, valid = result.blends[0], result.blends[1]
+    ids = np.load(train.entry.path("dataset_index.npy"))
+    path = train.entry.path("dataset_sample_index.npy")
+    samples = np.load(path)
+    start = len(ids) * 2 // 3  # where the third rank's slice starts
+    d = int(ids[start])
+    samples[np.flatnonzero(ids == d)[np.flatnonzero(np.flatnonzero(ids == d) >= start)[0]:]] += 1
+    resave(path, samples)
+    ids = np.load(valid.entry.path("dataset_index.npy"))
+    ids[-1] = 7
+    resave(valid.entry.path("dataset_index.npy"), ids)
+    path = valid.entry.path("dataset_sample_index.npy")
+    samples = np.load(path)
+    samples[[0, 1]] = samples[[1, 0]] + 3
+    resave(path, samples)
+    child = result.gpt[0].entry.path("shuffle_index.npy")
+    shuffled = np.load(child)
+    shuffled[-1] = shuffled[0]
+    resave(child, shuffled)
+    runs = [run_megacache(p, "verify", cache, check=False) for p in (1, 2, 3)]
+    assert [r.returncode for r in runs] == [2, 2, 2]
+    assert runs[1].stdout == runs[0].stdout == runs[2].stdout
+    assert f"{title}\n  {train.entry.path('dataset_sample_index.npy')}: dataset_sample_index[{start}] is " in runs[0].stdout
+    assert (f"{valid.entry.path('dataset_index.npy')}: dataset_index[{len(ids) - 1}] is 7, outside the description's "
+            f"2 datasets") in runs[0].stdout
+    assert f"{child}: shuffle_index[{len(shuffled) - 1}] is {shuffled[0]}, which appears earlier too" in runs[0].stdout
+    assert "3 of 9 dataset(s) or cache entries failed verification" in runs[2].stderr
