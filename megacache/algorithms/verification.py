@@ -1,8 +1,9 @@
-"""The two checks of ``megacache verify`` that are sequential by nature, as kernels beside their
-numpy references: that an array is a permutation (a shuffle index), and that a blend draws each
+"""The checks of ``megacache verify`` that pass over large arrays, as kernels (one pass per block)
+beside their numpy references: a document index's values inside the split and counted, a sample
+index's rows, that an array is a permutation (a shuffle index), and that a blend draws each
 dataset's samples in order 0, 1, 2, ... (its ``dataset_sample_index``).
 
-Both take a block at a time, carrying their state between blocks, so a pass over billions of
+Each takes a block at a time, carrying its state between blocks, so a pass over billions of
 elements holds one block. The blend check also runs on a slice of the blend: it counts from zero
 and records the sample each dataset's first element in the slice names, and the caller checks those
 against the counts of the slices before it (``blend_verdict``), so ranks check their slices at once.
@@ -14,8 +15,88 @@ import numpy as np
 
 from ..runtime.kernels import kernel
 
-#: ``first_bad`` slots of ``mark_permutation``
-OUTSIDE, REPEAT = 0, 1
+#: a dataset's sequence lengths: a memory map of its .idx (at an offset that may leave them unaligned)
+_LENGTHS = ("readonly(unaligned(int32[::1]))", "readonly(int32[::1])")
+
+
+def count_documents(block: np.ndarray, lo: int, hi: int, counts: np.ndarray) -> int | None:
+    """The first position of ``block`` (document index values) outside ``[lo, hi)``, or None after
+    adding each value's occurrences to ``counts[value - lo]``."""
+    bad = _count_documents(np.ascontiguousarray(block), lo, hi, counts)
+    return None if bad < 0 else int(bad)
+
+
+def count_documents_reference(block: np.ndarray, lo: int, hi: int, counts: np.ndarray) -> int | None:
+    block = np.asarray(block)
+    outside = np.flatnonzero((block < lo) | (block >= hi))
+    if len(outside):
+        return int(outside[0])
+    counts += np.bincount(block - lo, minlength=hi - lo)
+    return None
+
+
+@kernel("readonly(int32[::1]), int64, int64, int64[::1]", "int32[::1], int64, int64, int64[::1]")
+def _count_documents(block, lo, hi, counts):
+    for k in range(block.shape[0]):
+        v = np.int64(block[k])
+        if v < lo or v >= hi:
+            return k
+    for k in range(block.shape[0]):
+        counts[np.int64(block[k]) - lo] += 1
+    return -1
+
+
+def check_sample_rows(rows: np.ndarray, previous: int, doc: np.ndarray, lengths: np.ndarray) -> list[int | None]:
+    """The first row of a block of sample index rows (position, offset) that: goes back from the
+    row before (``previous``: its position); names a position outside ``doc``; has an offset outside
+    what Megatron's walk records with add_extra_token 0, then 1 (see ``readers/verify``): four
+    positions in the block, or None. ``lengths``: the dataset's sequence lengths."""
+    found = np.full(4, -1, dtype=np.int64)
+    _check_sample_rows(np.ascontiguousarray(rows), previous, doc, lengths, found)
+    return [None if f < 0 else int(f) for f in found]
+
+
+def check_sample_rows_reference(rows: np.ndarray, previous: int, doc: np.ndarray,
+                                lengths: np.ndarray) -> list[int | None]:
+    rows = np.asarray(rows, dtype=np.int64)
+    positions, offsets = rows[:, 0], rows[:, 1]
+    M = len(doc)
+    found: list[int | None] = [_first(np.diff(positions, prepend=previous) < 0),
+                               _first((positions < 0) | (positions >= M))]
+    inside = (positions >= 0) & (positions < M)
+    length = np.zeros(len(rows), dtype=np.int64)
+    length[inside] = lengths[doc[positions[inside]]]
+    for x in (0, 1):
+        past_end = (positions == M - 1) & (offsets == length - x)
+        found.append(_first(((offsets < 1 - x) | (offsets > length - x)) & ~past_end & inside))
+    return found
+
+
+def _first(mask: np.ndarray) -> int | None:
+    hits = np.flatnonzero(mask)
+    return int(hits[0]) if len(hits) else None
+
+
+@kernel(*(f"{r}, int64, readonly(int32[::1]), {lengths}, int64[::1]"
+          for r in ("readonly(int32[:, ::1])", "readonly(int64[:, ::1])") for lengths in _LENGTHS))
+def _check_sample_rows(rows, previous, doc, lengths, found):
+    M = doc.shape[0]
+    last = previous
+    for k in range(rows.shape[0]):
+        p = np.int64(rows[k, 0])
+        o = np.int64(rows[k, 1])
+        if p < last and found[0] < 0:
+            found[0] = k
+        last = p
+        if p < 0 or p >= M:
+            if found[1] < 0:
+                found[1] = k
+            continue
+        length = np.int64(lengths[doc[p]])
+        for x in range(2):
+            if found[2 + x] < 0 and (o < 1 - x or o > length - x) and not (p == M - 1 and o == length - x):
+                found[2 + x] = k
+
 
 _MARKED = ("readonly(int64[::1]), int64, uint8[::1], int64[::1]", "readonly(uint32[::1]), int64, uint8[::1], int64[::1]",
            "int64[::1], int64, uint8[::1], int64[::1]", "uint32[::1], int64, uint8[::1], int64[::1]")

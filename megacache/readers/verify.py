@@ -15,17 +15,25 @@ import numpy as np
 
 from ..algorithms.blocks import BLOCK, first_bad
 from ..algorithms.gpt_index import GPTIndexPlan
-from ..algorithms.verification import BlendSlice, blend_verdict, check_blend_order, mark_permutation, permutation_marks
+from ..algorithms.verification import (
+    BlendSlice,
+    blend_verdict,
+    check_blend_order,
+    check_sample_rows,
+    count_documents,
+    mark_permutation,
+    permutation_marks,
+)
 from ..builders.gpt import array_shapes
 from ..errors import FormatError, MegacacheError
-from ..formats.indexed import IndexedDataset, bin_path, idx_path
+from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from ..formats.npy import load_npy
 from ..formats.pbin import PackedFile, expected_offsets
 from ..megatron.cache import describe, description_hash
 from ..megatron.tokenizer import versions_of
 from ..megatron.versions import resolve
 from ..runtime.comm import Comm, SingleComm
-from ..runtime.fsio import pread_into
+from ..runtime.fsio import pread_into, read_ahead
 from .inspection import count_blend, in_order, list_cache, read_entry, split_range, tokenizer_note
 
 
@@ -169,14 +177,28 @@ def verify_cache(directory: str, megatron_version: str | None = None, comm: Comm
     alone = [e for e in entries if not _sliceable(e)]
     verdicts = {}
     with comm.agreed("checking the cache entries"):
-        for e, owner in zip(alone, _owners(alone, comm.size)):
-            if owner == comm.rank:
-                verdicts[_key(e)] = _verify_entry(e, gpt, version)
+        owned = [e for e, owner in zip(alone, _owners(alone, comm.size)) if owner == comm.rank]
+        for i, e in enumerate(owned):
+            if i + 1 < len(owned):
+                _read_ahead(owned[i + 1])  # read while this one is checked
+            verdicts[_key(e)] = _verify_entry(e, gpt, version)
     for e in sliced:
         verdicts[_key(e)] = _verify_blend_slices(e, gpt, comm)
     for part in comm.allgather({k: v for k, v in verdicts.items() if v is not None}):
         verdicts.update(part)
     return [verdicts[_key(e)] for e in entries]
+
+
+def _read_ahead(e) -> None:
+    """Start reading an entry's arrays, and its dataset's sequence lengths, into the page cache."""
+    for what in e.arrays:
+        read_ahead(e.path(what))
+    path = e.description.get("dataset_path") if isinstance(e.description, dict) else None
+    try:
+        layout = read_layout(idx_path(str(path)))
+    except MegacacheError:
+        return  # not a GPTDataset's, or a dataset the check reports
+    read_ahead(idx_path(str(path)), layout.lengths_offset, 4 * layout.sequence_count)
 
 
 def _key(e) -> tuple[str, str, str]:
@@ -297,11 +319,10 @@ def _check_document_index(path: str, doc: np.ndarray, lo: int, hi: int) -> list[
     counts = np.zeros(hi - lo, dtype=np.int64)
     for a in range(0, len(doc), BLOCK):
         block = np.asarray(doc[a : a + BLOCK])
-        bad = first_bad((block < lo) | (block >= hi))
+        bad = count_documents(block, lo, hi, counts)
         if bad is not None:
             return [f"{path}: document_index[{a + bad}] is {int(block[bad])}, outside the split's sequences "
                     f"[{lo}, {hi})"]
-        counts += np.bincount(block - lo, minlength=hi - lo)
     epochs = len(doc) // (hi - lo) if hi > lo else 0
     bad = first_bad(counts != epochs)
     if bad is not None:
@@ -323,32 +344,25 @@ def _check_sample_index(path: str, samples: np.ndarray, doc: np.ndarray, lengths
     previous = 0
     viable = list(extra_tokens)
     for a in range(1, len(samples), BLOCK):
-        rows = np.asarray(samples[a : a + BLOCK], dtype=np.int64)
-        positions, offsets = rows[:, 0], rows[:, 1]
-        steps = np.diff(positions, prepend=previous)
-        bad = first_bad(steps < 0)
-        if bad is not None:
-            return [f"{path}: sample_index not monotone at row {a + bad}: document position "
-                    f"{int(positions[bad] - steps[bad])} then {int(positions[bad])}"], []
-        bad = first_bad(positions >= M)
-        if bad is not None:
-            return [f"{path}: sample_index[{a + bad}] has document position {int(positions[bad])}, outside the "
+        rows = np.asarray(samples[a : a + BLOCK])
+        unordered, outside, *bad_offsets = check_sample_rows(rows, previous, doc, lengths)
+        if unordered is not None:
+            before = previous if unordered == 0 else int(rows[unordered - 1, 0])
+            return [f"{path}: sample_index not monotone at row {a + unordered}: document position "
+                    f"{before} then {int(rows[unordered, 0])}"], []
+        if outside is not None:
+            return [f"{path}: sample_index[{a + outside}] has document position {int(rows[outside, 0])}, outside the "
                     f"document index of {M:,} positions"], []
-        length = lengths[doc[positions]].astype(np.int64)
-        failures = []
-        for x in viable:
-            past_end = (positions == M - 1) & (offsets == length - x)
-            bad = first_bad(((offsets < 1 - x) | (offsets > length - x)) & ~past_end)
-            if bad is not None:
-                failures.append((x, bad))
-        viable = [x for x in viable if x not in {x for x, _ in failures}]
+        failures = [(x, bad_offsets[x]) for x in viable if bad_offsets[x] is not None]
+        viable = [x for x in viable if bad_offsets[x] is None]
         if not viable:
             x, bad = failures[0]
-            p = int(positions[bad])
-            return [f"{path}: sample_index[{a + bad}] is ({p}, {int(offsets[bad])}), but the document at position "
-                    f"{p} (sequence {int(doc[p])}) has {int(length[bad])} tokens: offsets lie in "
-                    f"[{1 - x}, {int(length[bad]) - x}]"], []
-        previous = int(positions[-1])
+            p, offset = int(rows[bad, 0]), int(rows[bad, 1])
+            length = int(lengths[doc[p]])
+            return [f"{path}: sample_index[{a + bad}] is ({p}, {offset}), but the document at position "
+                    f"{p} (sequence {int(doc[p])}) has {length} tokens: offsets lie in "
+                    f"[{1 - x}, {length - x}]"], []
+        previous = int(rows[-1, 0])
     return [], viable
 
 
@@ -444,6 +458,9 @@ def _blocks(files, lo: int, hi: int):
             buffers.append(np.empty(min(BLOCK, hi - lo), dtype=dtype))
         for a in range(lo, hi, BLOCK):
             m = min(BLOCK, hi - a)
+            for (path, _), buf, off in zip(files, buffers, offsets):  # the next block, while this one is checked
+                if a + m < hi:
+                    read_ahead(path, off + (a + m) * buf.itemsize, min(BLOCK, hi - a - m) * buf.itemsize)
             yield (a, *(pread_into(fd, buf[:m], off + a * buf.itemsize)
                         for fd, buf, off in zip(fds, buffers, offsets)))
     finally:

@@ -193,6 +193,22 @@ def pread_into(fd: int, out: np.ndarray, offset: int) -> np.ndarray:
     return out
 
 
+def read_ahead(path: str, offset: int = 0, length: int = 0) -> None:
+    """Ask the kernel to start reading ``length`` bytes (0: to the end) of ``path`` into the page
+    cache, and return at once: a pass that will need them next finds them there instead of waiting
+    on each page as it faults. A file that cannot be opened is left for the pass to report."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass  # advice only
+    finally:
+        os.close(fd)
+
+
 def copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, count: int) -> None:
     """Copy bytes between files inside the kernel (no user-space buffer of the data)."""
     while count > 0:

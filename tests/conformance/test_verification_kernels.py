@@ -1,6 +1,7 @@
-"""verify's sequential checks against their numpy references: the permutation check block by block,
-and the blend's sample order checked in slices (as ranks do) against one pass over the whole blend,
-on random arrays with faults put where slices and blocks meet."""
+"""verify's kernels against their numpy references on random arrays with faults: document index
+counts and sample index rows block by block, the permutation check block by block, and the blend's
+sample order checked in slices (as ranks do) against one pass over the whole blend, with faults put
+where slices and blocks meet."""
 
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ from megacache.algorithms.verification import (
     blend_verdict,
     check_blend_order,
     check_blend_order_reference,
+    check_sample_rows,
+    check_sample_rows_reference,
+    count_documents,
+    count_documents_reference,
     mark_permutation,
     mark_permutation_reference,
     permutation_marks,
@@ -21,6 +26,70 @@ from megacache.algorithms.verification import (
 def cuts(rng, n: int, parts: int) -> list[int]:
     """``parts`` + 1 ascending bounds from 0 to n, some parts empty."""
     return [0, *sorted(rng.integers(0, n + 1, parts - 1).tolist()), n]
+
+
+def readonly(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False  # as memory-mapped arrays are
+    return array
+
+
+def test_document_counts_equal_their_reference(kernel_mode):
+    rng = np.random.default_rng(1)
+    for case in range(300):
+        lo, hi = sorted(rng.integers(0, 500, 2).tolist())
+        hi += 1
+        doc = rng.integers(lo, hi, int(rng.integers(0, 2000))).astype(np.int32)
+        if case % 3 == 1 and len(doc):
+            doc[int(rng.integers(0, len(doc)))] = rng.choice([lo - 1, hi, hi + 7])
+        got, want = np.zeros(hi - lo, dtype=np.int64), np.zeros(hi - lo, dtype=np.int64)
+        bounds = cuts(rng, len(doc), int(rng.integers(1, 4)))
+        for a, b in zip(bounds, bounds[1:]):
+            found = count_documents(readonly(doc[a:b].copy()), lo, hi, got)
+            assert found == count_documents_reference(doc[a:b], lo, hi, want), case
+            if found is not None:
+                break
+            assert got.tolist() == want.tolist()
+
+
+def sample_rows_case(rng, case: int):
+    """(rows, doc, lengths) of a random walk-like sample index with perhaps one fault."""
+    lengths = rng.integers(0, 30, int(rng.integers(1, 300))).astype(np.int32)
+    doc = rng.integers(0, len(lengths), int(rng.integers(1, 400))).astype(np.int32)
+    n = int(rng.integers(1, 600))
+    positions = np.sort(rng.integers(0, len(doc), n))
+    x = int(case % 2)
+    length = lengths[doc[positions]].astype(np.int64)
+    offsets = np.array([rng.integers(1 - x, max(1 - x, l - x) + 1) for l in length], dtype=np.int64)
+    rows = np.stack([positions, offsets], axis=1).astype(np.int32 if case % 4 < 2 else np.int64)
+    fault, k = case % 7, int(rng.integers(0, n))
+    if fault == 2 and k:
+        rows[k, 0] = rows[k - 1, 0] - 1
+    elif fault == 3:
+        rows[k, 0] = len(doc) + int(rng.integers(0, 3))
+    elif fault == 4:
+        rows[k, 1] = length[k] - x + 1
+    elif fault == 5:
+        rows[k, 1] = -x - int(rng.integers(0, 2))
+    elif fault == 6:  # past the last token: (M - 1, len - x) is allowed
+        rows[-1] = (len(doc) - 1, int(lengths[doc[-1]]) - x)
+    return rows, doc, lengths
+
+
+def test_sample_rows_equal_their_reference(kernel_mode):
+    rng = np.random.default_rng(2)
+    found = 0
+    for case in range(500):
+        rows, doc, lengths = sample_rows_case(rng, case)
+        previous = int(rng.integers(0, 3)) if case % 5 == 0 else 0
+        bounds = cuts(rng, len(rows), int(rng.integers(1, 4)))
+        for a, b in zip(bounds, bounds[1:]):
+            block = readonly(rows[a:b].copy())
+            got = check_sample_rows(block, previous, readonly(doc.copy()), readonly(lengths.copy()))
+            assert got == check_sample_rows_reference(block, previous, doc, lengths), (case, a, b)
+            found += any(f is not None for f in got)
+            if b > a:
+                previous = int(rows[b - 1, 0])
+    assert found > 150
 
 
 def permutation_case(rng, case: int) -> np.ndarray:
