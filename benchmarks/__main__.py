@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     p = sub.add_parser("run", help="measure, append to the results file, write the report")
     p.add_argument("--suite", choices=list(SUITES), default="quick",
-                   help="; ".join(f"{name}: factor {s.factor:g}, P {','.join(map(str, s.ranks))}, {s.repeats} "
+                   help="; ".join(f"{name}: factor {','.join(f'{f:g}' for f in s.factors or [s.factor])}, P {','.join(map(str, s.ranks))}, {s.repeats} "
                                   f"repeat(s)" for name, s in SUITES.items())
                         + " (quick: a few minutes here, full: 20-40 min, smoke: under a minute)")
     p.add_argument("--ranks", type=_ranks, help="megacache rank counts (default: the suite's)")
@@ -36,9 +36,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, help="runs per side; medians are reported (default: the suite's)")
     p.add_argument("--only", nargs="+", choices=list(WORKLOADS), metavar="WORKLOAD",
                    help=f"some of: {', '.join(WORKLOADS)} (default: the suite's)")
+    p.add_argument("--configs", nargs="+", metavar="CONFIG",
+                   help="start suites: some of a (no cache), b (cache, default flags), c (cache, fast load), api "
+                        "(megacache's prepare_cache), c-noseq ((c) without the sequences file) (default: a b c api)")
     p.add_argument("--results", help=f"JSON-lines file to append to (default {shown(DEFAULT_RESULTS)}, the scale "
-                                     f"suite's {shown(SCALE_RESULTS)}; the smoke suite's default is a new "
-                                     "temporary directory)")
+                                     f"suite's {shown(SCALE_RESULTS)}, the start suite's "
+                                     "benchmarks/results/start.jsonl; the smoke suites' default is a new temporary "
+                                     "directory)")
     p = sub.add_parser("report", help="plots and TABLE.md next to the results file, from the file alone")
     p.add_argument("--results", default=DEFAULT_RESULTS)
     p.add_argument("--suite", help="only this suite's records (default: each workload's latest)")
@@ -50,10 +54,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=SCALE_RESULTS)
     p.add_argument("--doc", metavar="PATH", help="also rewrite the scale table between the scale markers of this "
                                                  "Markdown file (docs/benchmarks.md)")
+    p = sub.add_parser("start-report", help="START.md next to the start suite's results file (and the start table "
+                                            "of the README): training's start with and without megacache's cache")
+    p.add_argument("--results", default=os.path.join("benchmarks", "results", "start.jsonl"))
+    p.add_argument("--readme", metavar="PATH", help="also rewrite the start table between the start markers of this "
+                                                    "README")
     p = sub.add_parser("project", help="write the 5e12-token projection from the measured phase costs")
     p.add_argument("--results", default=DEFAULT_RESULTS)
     p.add_argument("--scale-results", default=SCALE_RESULTS,
                    help="the scale suite's results: its largest build_blend is used when the file exists")
+    p.add_argument("--seed-results", default=os.path.join("benchmarks", "results", "seed.jsonl"),
+                   help="the seed suite's results: its largest run is the case projected, and gives megacache's "
+                        "1000-dataset and blend constants, when the file exists ('' for none)")
     p.add_argument("--suite", help="only this suite's records (default: each workload's largest factor)")
     p.add_argument("--output", default=os.path.join("docs", "benchmarks-projection.md"))
     p = sub.add_parser("floor", help="megatron-core and megacache building the 1000-dataset blend, beside "
@@ -71,14 +83,43 @@ def main(argv: list[str] | None = None) -> int:
             from . import report, suite
 
             chosen = SUITES[args.suite]
-            results = args.results or (os.path.join(tempfile.mkdtemp(prefix="megacache-bench-smoke-"), "smoke.jsonl")
-                                       if args.suite == "smoke" else SCALE_RESULTS if args.suite == "scale"
-                                       else DEFAULT_RESULTS)
+            smoke = args.suite.endswith("smoke")
+            results = args.results or (os.path.join(tempfile.mkdtemp(prefix="megacache-bench-smoke-"),
+                                                    f"{args.suite}.jsonl") if smoke
+                                       else SCALE_RESULTS if args.suite == "scale"
+                                       else os.path.join(os.path.dirname(DEFAULT_RESULTS), "start.jsonl")
+                                       if chosen.start else DEFAULT_RESULTS)
             repeats = args.repeats or chosen.repeats
             if repeats < 1:
                 ap.error("--repeats must be at least 1")
             factors = args.factor or list(chosen.factors or [chosen.factor])
             t = time.perf_counter()
+            if chosen.start:
+                from . import start
+
+                unknown = sorted(set(args.configs or ()) - set(start.CONFIGS))
+                if unknown or args.only or args.ranks:
+                    ap.error(f"the start suites take --configs from {', '.join(start.CONFIGS)} (got {unknown}), "
+                             "and neither --only nor --ranks (2 ranks, as a training job's)")
+                start.run(args.suite, chosen, factors, repeats, results, args.configs)
+                written = report.write_start_report(results)
+                print(f"suite {args.suite} done in {time.perf_counter() - t:.0f} s; results appended to "
+                      f"{shown(results)}; wrote {', '.join(written)} (the README's table: python -m benchmarks "
+                      f"start-report --results {shown(results)} --readme README.md)")
+                return 0
+            if args.configs:
+                ap.error("--configs is for the start suites")
+            if chosen.seed_case:
+                from . import seed
+
+                ranks = args.ranks or list(chosen.ranks)
+                if len(ranks) != 1 or len(factors) != 1 or repeats != 1 or args.only:
+                    ap.error("the seed suites run build_blend once, at one --ranks P and one --factor")
+                results = args.results or (results if smoke else seed.SEED_RESULTS)
+                seed.run(args.suite, chosen, factors[0], ranks[0], results)
+                print(f"suite {args.suite} done in {time.perf_counter() - t:.0f} s; results appended to "
+                      f"{shown(results)}; wrote {', '.join(seed.write_report(results))}")
+                return 0
             suite.run(args.suite, chosen, factors, args.ranks or list(chosen.ranks), repeats,
                       args.only or list(chosen.workloads or WORKLOADS), results)
             written = (report.write_scale_report(results) if len(factors) > 1
@@ -95,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.repeats < 1 or args.ranks < 1:
                 ap.error("--repeats and --ranks must be at least 1")
             floor.measure_floor(args.suite, args.factor, args.ranks, args.repeats, args.results or floor.FLOOR_RESULTS)
+        elif args.command == "start-report":
+            from . import report
+
+            print("wrote " + ", ".join(report.write_start_report(args.results, readme=args.readme)))
         elif args.command == "scale-report":
             from . import report
 
@@ -102,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from . import project
 
-            project.write_projection(args.results, args.output, suite=args.suite, scale_results=args.scale_results)
+            project.write_projection(args.results, args.output, suite=args.suite, scale_results=args.scale_results,
+                                     seed_results=args.seed_results)
             print(f"wrote {args.output}")
     except BenchmarkFailure as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)

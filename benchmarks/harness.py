@@ -47,10 +47,11 @@ def _phases(stdout: str) -> dict[str, float]:
     raise BenchmarkFailure(f"no phases in the program's output:\n{stdout[-2000:]}")
 
 
-def run_program(module_args: list[str], ranks: int | None, work: str) -> dict:
+def run_program(module_args: list[str], ranks: int | None, work: str, phases: bool = True) -> dict:
     """``python -m MODULE ARGS`` through the probe, under ``mpiexec -n ranks`` (None: plainly, one
     process), after a ``sync``. Wall seconds from outside; ``phases`` as the program reports them plus ``other``
-    (the wall time they do not cover); per-rank peak RSS, CPU seconds and bytes written."""
+    (the wall time they do not cover; all of it for a program that reports none, ``phases=False``);
+    per-rank peak RSS, CPU seconds and bytes written."""
     stats = os.path.join(work, "probe-stats")
     cmd = [sys.executable, "-m", "benchmarks.probe", stats, *module_args]
     if ranks is not None:
@@ -72,9 +73,9 @@ def run_program(module_args: list[str], ranks: int | None, work: str) -> dict:
         with open(f"{stats}.{rank}") as f:
             per_rank.append(json.load(f))
         os.unlink(f"{stats}.{rank}")
-    phases = _phases(out.stdout)
-    phases[OTHER] = max(0.0, wall - sum(phases.values()))
-    return {"wall_s": wall, "phases": phases, "rss_kb": [r["rss_kb"] for r in per_rank],
+    reported = _phases(out.stdout) if phases else {}
+    reported[OTHER] = max(0.0, wall - sum(reported.values()))
+    return {"wall_s": wall, "phases": reported, "rss_kb": [r["rss_kb"] for r in per_rank],
             "cpu_s": [r["cpu_s"] for r in per_rank], "write_bytes": [r["write_bytes"] for r in per_rank]}
 
 

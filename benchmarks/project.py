@@ -6,7 +6,14 @@ the filesystem assumptions below, written as a short markdown document.
 Every per-unit constant is a phase's median seconds at the smallest P, divided by what the phase
 scales with (documents, document-index entries, sample rows, blend samples, files, datasets).
 Where a phase has both a per-dataset and a per-element part, the one-dataset and the 1000-dataset
-builds give two equations for the two constants."""
+builds give two equations for the two constants.
+
+With a record of the seed suite (``seed.py``: the 1000-dataset build at 5e12 tokens, documents of
+10,000 tokens, at P = 2, no megatron-core beside it), megacache's 1000-dataset constants come from
+its build, the blend's from its 2e9-sample blend alone, and the case projected is the seed's: its
+measured counts (document-index entries, sample rows, shuffle entries, blend samples, files and
+bytes), scaled to 5e12 tokens when the run was smaller. megatron-core's constants still come from
+the scale suite's build, the largest beside it."""
 
 from __future__ import annotations
 
@@ -15,6 +22,9 @@ import os
 
 from .harness import latest_per_workload, load_records, shown
 from .workloads import MEAN_LENGTH, SEQ_LENGTH, blend_shares
+
+#: the seed suite's factor at the seed's case (5e12 tokens)
+SEED_FACTOR = 100.0
 
 TOKENS = 5e12
 DATASETS = 1000
@@ -65,17 +75,25 @@ def _base(record: dict, side: str) -> dict:
     return record["megacache"][str(_base_ranks(record))]["median"]
 
 
-def constants(gpt: dict, blend: dict, kernel: dict) -> dict[str, dict[str, float]]:
+def seed_as_build(seed: dict) -> dict:
+    """A seed suite record in the shape of a suite record's megacache side (its one build at P)."""
+    return {**seed, "workload": "build_blend", "megacache": {str(seed["ranks"]): {"median": seed["build"]}}}
+
+
+def constants(gpt: dict, blend: dict, kernel: dict, seed: dict | None = None) -> dict[str, dict[str, float]]:
     """Seconds per unit for both sides, and bytes per element of each array. A megacache phase
     measured at P > 1 did 1/P of the elements on each rank (and, where the work is spread by
-    dataset, 1/P of the datasets): the counts are divided accordingly."""
-    g, b = _counts(gpt), _counts(blend)
-    pg, pb = _base_ranks(gpt), _base_ranks(blend)
+    dataset, 1/P of the datasets): the counts are divided accordingly. With a seed record,
+    megacache's many-dataset build is the seed's and its blend constants its blend alone's."""
+    many = {"megacache": seed_as_build(seed) if seed is not None else blend, "reference": blend}
+    g = _counts(gpt)
+    pg = _base_ranks(gpt)
 
     def fit(side: str, phase: str, element: str, spread_datasets: bool):
-        qg, qb = (pg, pb) if side == "megacache" else (1, 1)
+        b = _counts(many[side])
+        qg, qb = (pg, _base_ranks(many[side])) if side == "megacache" else (1, 1)
         ds = (g["datasets"] / (qg if spread_datasets else 1), b["datasets"] / (qb if spread_datasets else 1))
-        return _fit(_base(gpt, side)["phases"].get(phase, 0.0), _base(blend, side)["phases"].get(phase, 0.0),
+        return _fit(_base(gpt, side)["phases"].get(phase, 0.0), _base(many[side], side)["phases"].get(phase, 0.0),
                     ds, (g[element] / qg, b[element] / qb))
 
     ours, ref = {}, {}
@@ -86,40 +104,57 @@ def constants(gpt: dict, blend: dict, kernel: dict) -> dict[str, dict[str, float
     # after it: at most the two together, per shuffle entry of the one-dataset build.
     gp = _base(gpt, "megacache")["phases"]
     ours["shuffle_entry_max"] = (gp["sample_index"] + gp.get("shuffle_index_wait", 0.0)) / (g["shuffle"] / pg)
-    ours["publish_file"] = _base(blend, "megacache")["phases"]["publish"] / (b["files"] / pb)
-    ks = kernel["megacache"]
-    k1 = _base(kernel, "megacache")["phases"]
-    ours["blend_sample"] = (k1["guess"] + k1["blend"]) / kernel["params"]["samples"]
-    p_max = max(int(p) for p in ks)
+    mb, pb = many["megacache"], _base_ranks(many["megacache"])
+    ours["publish_file"] = _base(mb, "megacache")["phases"]["publish"] / (_counts(mb)["files"] / pb)
+    if seed is not None:  # the seed's blend alone: P chunks of samples / P
+        alone = seed["blend_alone"]
+        k1, p_max = alone["run"]["phases"], seed["ranks"]
+        ours["blend_sample"] = (k1["guess"] + k1["blend"]) / (alone["samples"] / p_max)
+        repair = k1["repair"]
+    else:
+        ks = kernel["megacache"]
+        k1 = _base(kernel, "megacache")["phases"]
+        ours["blend_sample"] = (k1["guess"] + k1["blend"]) / kernel["params"]["samples"]
+        p_max = max(int(p) for p in ks)
+        repair = ks[str(p_max)]["median"]["phases"]["repair"]
     # A chunk's repair: the measured repair phase over the chunks after the first (every guess
     # assumed wrong). Repairs run in rounds, all chunks at once; one round usually confirms them all.
-    ours["repair_chunk_max"] = (ks[str(p_max)]["median"]["phases"]["repair"] / (p_max - 1)) if p_max > 1 else 0.0
+    ours["repair_chunk_max"] = repair / (p_max - 1) if p_max > 1 else 0.0
     ours["startup_here"] = _base(gpt, "megacache")["phases"]["other"]
 
     ref["load_dataset"], ref["load_document"] = fit("reference", "load", "documents", False)
     ref["doc_dataset"], ref["doc_entry"] = fit("reference", "document_index", "doc_entries", False)
     ref["sample_dataset"], ref["sample_row"] = fit("reference", "sample_index", "sample_rows", False)
     ref["shuffle_dataset"], ref["shuffle_entry"] = fit("reference", "shuffle_index", "shuffle", False)
-    ref["other_dataset"] = _base(blend, "reference")["phases"]["build_other"] / b["datasets"]
+    ref["other_dataset"] = _base(blend, "reference")["phases"]["build_other"] / _counts(blend)["datasets"]
     ref["save_byte"] = (_base(blend, "reference")["phases"]["save"] / blend["outputs"]["bytes"])
     ref["blend_sample"] = _base(kernel, "reference")["phases"]["blend"] / kernel["params"]["samples"]
     rp = _base(gpt, "reference")["phases"]
     ref["startup"] = rp["import"] + rp["setup"] + rp["other"]
 
-    arrays = {**gpt["outputs"]["arrays"], **blend["outputs"]["arrays"]}
+    arrays = {**gpt["outputs"]["arrays"], **blend["outputs"]["arrays"], **(seed["outputs"]["arrays"] if seed else {})}
     size = {k: v["bytes"] / v["elements"] for k, v in arrays.items()}
     return {"megacache": ours, "reference": ref, "bytes_per_element": size}
 
 
-def target() -> dict[str, float]:
+def target(seed: dict | None = None) -> dict[str, float]:
     """The case: weights follow the datasets' sizes, so the blend reads every dataset about once
-    (one epoch); the datasets' shares are the benchmark's lognormal ones."""
+    (one epoch); the datasets' shares are the benchmark's lognormal ones. With a seed record, the
+    seed's case as that run built it: its counts and bytes, times SEED_FACTOR / its factor."""
     share, _ = blend_shares(DATASETS)
+    if seed is not None:
+        scale = SEED_FACTOR / seed["factor"]
+        c = _counts(seed_as_build(seed))
+        return {"datasets": c["datasets"], "documents": c["documents"] * scale,
+                "doc_entries": c["doc_entries"] * scale, "sample_rows": c["sample_rows"] * scale,
+                "shuffle": c["shuffle"] * scale, "blend": c["blend"] * scale, "largest_share": float(share.max()),
+                "files": c["files"], "mean_length": seed["params"]["mean_length"],
+                "train_samples": seed["params"]["sizes"][0] * scale, "bytes": seed["outputs"]["bytes"] * scale}
     samples = TOKENS / SEQ_LENGTH
     documents = TOKENS / MEAN_LENGTH
     return {"datasets": DATASETS, "documents": documents, "doc_entries": documents, "sample_rows": samples,
             "shuffle": samples, "blend": samples, "largest_share": float(share.max()),
-            "files": DATASETS * SPLITS * 4 + SPLITS * 3}
+            "files": DATASETS * SPLITS * 4 + SPLITS * 3, "mean_length": MEAN_LENGTH, "train_samples": samples}
 
 
 def _bytes(t: dict, size: dict) -> float:
@@ -188,11 +223,16 @@ def _source(r: dict) -> str:
     return f"`{r['workload']}` ({r['suite']} suite, factor {r['factor']:g}, {r['time']})"
 
 
+def _seed_source(r: dict) -> str:
+    return f"{r['suite']} suite, factor {r['factor']:g}, {r['time']}"
+
+
 def document(records: dict[str, dict], sources: str) -> str:
     gpt, blend, kernel = records["build_gpt"], records["build_blend"], records["blend_kernel"]
-    c = constants(gpt, blend, kernel)
-    t = target()
-    total = _bytes(t, c["bytes_per_element"])
+    seed = records.get("seed")
+    c = constants(gpt, blend, kernel, seed)
+    t = target(seed)
+    total = t["bytes"] if seed is not None else _bytes(t, c["bytes_per_element"])
     ours = {p: predict_megacache(c["megacache"], t, p, total) for p in RANKS}
     ref = predict_reference(c["reference"], t, total)
     m, r = c["megacache"], c["reference"]
@@ -201,18 +241,52 @@ def document(records: dict[str, dict], sources: str) -> str:
         f"# Projection: building the cache for {_e(TOKENS)} tokens",
         "",
         f"<!-- written by `python -m benchmarks project` from {sources}; rerun it after "
-        "`python -m benchmarks run --suite full` or `--suite scale` -->",
-        "",
-        f"The case: {_e(TOKENS)} tokens in {DATASETS} datasets (the benchmark's lognormal sizes: the largest holds "
-        f"{t['largest_share']:.2%}), documents of {MEAN_LENGTH:.0f} tokens on average ({_e(t['documents'])}), "
-        f"L = {SEQ_LENGTH}, one epoch: {_e(t['sample_rows'], 3)} train samples blended by weights that follow the "
-        f"sizes; {t['files']:,} cache files, {total / 1e9:.0f} GB (bytes per entry as measured).",
-        "",
-        f"Constants are one rank's, measured on this machine ({machine['cpu']}, {machine['cpus_usable']} cores, "
-        f"local ext4) from {_source(gpt)}, {_source(blend)} and {_source(kernel)}: medians at the smallest P, "
-        "divided by what each phase scales with (per rank, at that P).",
+        "`python -m benchmarks run --suite full`, `--suite scale` or `--suite seed` -->",
         "",
     ]
+    if seed is None:
+        lines += [
+            f"The case: {_e(TOKENS)} tokens in {DATASETS} datasets (the benchmark's lognormal sizes: the largest "
+            f"holds {t['largest_share']:.2%}), documents of {MEAN_LENGTH:.0f} tokens on average "
+            f"({_e(t['documents'])}), L = {SEQ_LENGTH}, one epoch: {_e(t['sample_rows'], 3)} train samples blended "
+            f"by weights that follow the sizes; {t['files']:,} cache files, {total / 1e9:.0f} GB (bytes per entry as "
+            "measured).",
+            "",
+            f"Constants are one rank's, measured on this machine ({machine['cpu']}, {machine['cpus_usable']} cores, "
+            f"local ext4) from {_source(gpt)}, {_source(blend)} and {_source(kernel)}: medians at the smallest P, "
+            "divided by what each phase scales with (per rank, at that P).",
+            "",
+        ]
+    else:
+        scale = SEED_FACTOR / seed["factor"]
+        b = seed["build"]
+        lines += [
+            f"The case: the seed's (issue 41), {_e(seed['params']['tokens'] * scale)} tokens in {t['datasets']} "
+            f"datasets (the benchmark's "
+            f"lognormal sizes: the largest holds {t['largest_share']:.2%}), documents of "
+            f"{t['mean_length']:,.0f} tokens on average ({_e(t['documents'])}), L = {SEQ_LENGTH}, "
+            f"{_e(t['train_samples'], 3)} train samples in a weighted blend: as the seed suite built it "
+            f"({_seed_source(seed)}"
+            + (f", its counts times {scale:g}" if scale != 1 else "")
+            + f"): {_e(t['doc_entries'], 3)} document-index entries, {_e(t['sample_rows'], 3)} sample rows, "
+            f"{_e(t['shuffle'], 3)} shuffle entries, {_e(t['blend'], 3)} blend samples; {t['files']:,} cache files, "
+            f"{total / 1e9:.0f} GB.",
+            "",
+            f"That run, megacache at P = {seed['ranks']} on this machine: {b['wall_s']:.1f} s wall, phases "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in b["phases"].items())
+            + f"; peak RSS per rank {' / '.join(f'{x / 2**20:.2f}' for x in b['rss_kb'])} GiB.",
+            "",
+            f"Constants are one rank's, measured on this machine ({machine['cpu']}, {machine['cpus_usable']} cores, "
+            f"local ext4): megacache's from {_source(gpt)} and that seed run's build and its blend alone "
+            f"({seed['blend_alone']['samples']:,} samples); megatron-core's from {_source(gpt)}, {_source(blend)} "
+            f"and {_source(kernel)}: medians at the smallest P, divided by what each phase scales with (per rank, "
+            "at that P).",
+            "",
+        ]
+        if scale != 1:
+            lines += [f"**The seed run was at factor {seed['factor']:g}, 1/{scale:g} of the seed's case: its fixed "
+                      "costs weigh more than at full size, so the constants, and the times below, are too high. "
+                      "Regenerate after `python -m benchmarks run --suite seed`.**", ""]
     small = sorted({r["factor"] for r in (gpt, blend, kernel) if r["factor"] < 1})
     if small:
         lines += [f"**Measured at factor {', '.join(f'{f:g}' for f in small)}, not the issue's sizes: fixed costs "
@@ -298,7 +372,8 @@ def document(records: dict[str, dict], sources: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_projection(results: str, output: str, suite: str | None = None, scale_results: str | None = None) -> None:
+def write_projection(results: str, output: str, suite: str | None = None, scale_results: str | None = None,
+                     seed_results: str | None = None) -> None:
     records = latest_per_workload(load_records(results), suite, prefer_large=True)
     sources = shown(results)
     if scale_results and os.path.exists(scale_results):
@@ -306,6 +381,13 @@ def write_projection(results: str, output: str, suite: str | None = None, scale_
         records.update(latest_per_workload([r for r in load_records(scale_results) if r["workload"] == "build_blend"],
                                            prefer_large=True))
         sources += f" and {shown(scale_results)}"
+    if seed_results and os.path.exists(seed_results):
+        from .seed import latest, load_seed_records
+
+        seed = latest(load_seed_records(seed_results))  # the largest factor's last
+        if seed is not None:
+            records["seed"] = seed
+            sources += f" and {shown(seed_results)}"
     missing = [w for w in ("build_gpt", "build_blend", "blend_kernel") if w not in records]
     if missing:
         raise SystemExit(f"{results}: no records of {', '.join(missing)}; run `python -m benchmarks run` first")

@@ -4,6 +4,7 @@ Prints ``  phases: import X s, …`` as megacache does, so both are read alike.
     python -m benchmarks.reference build SPEC.json OUT     # BlendedMegatronDatasetBuilder(...).build()
     python -m benchmarks.reference tokenize SPEC.json OUT  # encode_batch_fast + IndexedDatasetBuilder
     python -m benchmarks.reference kernel WEIGHTS.npy SIZE OUT  # helpers_cpp.build_blending_indices alone
+    python -m benchmarks.reference members SPEC.json OUT I,J,..  # the GPTDatasets of a blend's datasets I, J, ..
 
 The build's phases are megatron-core's own functions timed where they are called (a wrapper that
 adds up their seconds; nothing else changes): loading the low-level datasets, the document,
@@ -90,6 +91,53 @@ def build(spec_path: str, out: str) -> None:
     timed_inside = sum(v for k, v in phases.items() if k not in ("import", "setup"))
     phases["build_other"] = time.perf_counter() - t - timed_inside
     dist.destroy_process_group()
+    _print_phases(phases)
+
+
+def members(spec_path: str, out: str, which: str) -> None:
+    """The GPTDataset entries of some of a blend's datasets (their indices in the blend, comma
+    separated), built as ``build`` would build them inside the whole blend: the same config, each
+    dataset's samples per split from megatron-core's own ``_get_size_per_split_per_dataset`` with
+    the surplus, and the builder's own ``_build_megatron_dataset_splits`` (what it calls per dataset
+    of a blend). No process group: a GPTDataset caches without one. The seed suite (``seed.py``)
+    checks megacache's entries of a blend too large for megatron-core to build whole here."""
+    with open(spec_path) as f:
+        a = json.load(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import numpy
+        from megatron.core.datasets import blended_megatron_dataset_builder as builder_module
+        from megatron.core.datasets import gpt_dataset, helpers
+        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+        from megatron.core.datasets.utils import normalize
+        from megatron.core.tokenizers import MegatronTokenizer
+    phases = {"import": time.perf_counter() - T0}
+    timed = functools.partial(_timed, phases)
+    GPTDataset.build_low_level_dataset = staticmethod(timed("load", GPTDataset.build_low_level_dataset))
+    gpt_dataset._build_document_index = timed("document_index", gpt_dataset._build_document_index)
+    helpers.build_sample_idx = timed("sample_index", helpers.build_sample_idx)
+    gpt_dataset._build_shuffle_index = timed("shuffle_index", gpt_dataset._build_shuffle_index)
+    numpy.save = timed("save", numpy.save)
+
+    t = time.perf_counter()
+    tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=a["vocab_size"])
+    config = GPTDatasetConfig(random_seed=a["seed"], sequence_length=a["seq_length"],
+                              blend=(a["prefixes"], a["weights"]), split=a["split"], tokenizer=tokenizer,
+                              reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                              add_extra_token_to_sequence=True, drop_last_partial_validation_sequence=True,
+                              mid_level_dataset_surplus=a["surplus"], path_to_cache=out)
+    builder = builder_module.BlendedMegatronDatasetBuilder(GPTDataset, a["sizes"], lambda: True, config)
+    prefixes, weights = config.blend
+    per_dataset = builder_module._get_size_per_split_per_dataset(normalize(weights), a["sizes"],
+                                                                 surplus=config.mid_level_dataset_surplus)
+    phases["setup"] = time.perf_counter() - t
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for i in (int(w) for w in which.split(",")):
+            builder._build_megatron_dataset_splits(prefixes[i], config.split_matrix, per_dataset[i], False)
+    timed_inside = sum(v for k, v in phases.items() if k not in ("import", "setup"))
+    phases["build_other"] = time.perf_counter() - t - timed_inside
     _print_phases(phases)
 
 
@@ -181,4 +229,4 @@ def kernel(weights_path: str, size: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    {"build": build, "tokenize": tokenize, "kernel": kernel}[sys.argv[1]](*sys.argv[2:])
+    {"build": build, "tokenize": tokenize, "kernel": kernel, "members": members}[sys.argv[1]](*sys.argv[2:])

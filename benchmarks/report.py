@@ -366,3 +366,183 @@ def write_scale_report(results: str, doc: str | None = None) -> list[str]:
         _replace_block(doc, SCALE_START, SCALE_END, text)
         paths.append(doc)
     return [shown(p) for p in paths]
+
+
+# ------------------------------------------------------------------------------------------------
+# Start: training's start with and without megacache's cache (start.py)
+
+START_START = "<!-- start table: start -->"
+START_END = "<!-- start table: end -->"
+
+
+def start_records(results: str) -> list[dict]:
+    """The latest start record of each factor, smallest factor first."""
+    from .start import load_records as load_start
+
+    per_factor: dict[float, dict] = {}
+    for r in load_start(results):
+        per_factor[r["factor"]] = r
+    if not per_factor:
+        raise SystemExit(f"{results}: no start records; run `python -m benchmarks run --suite start` first")
+    return [per_factor[f] for f in sorted(per_factor)]
+
+
+def _gib(kb: float) -> str:
+    return f"{kb / 2**20:.2f} GiB"
+
+
+def _start_label(name: str, config: dict) -> str:
+    """A configuration's name in the tables (the record's own where this version no longer has it)."""
+    from .start import CONFIGS
+
+    return CONFIGS[name].label if name in CONFIGS else config["label"]
+
+
+def _start_cell(r: dict) -> str:
+    return (f"{r['data_s']:.2f} s ({r['whole_s']:.1f} s), {r['files_data']:,.0f} files "
+            f"({r['opens_data']:,.0f} opens), {_gib(r['rss_kb'])}")
+
+
+def start_ratios(record: dict) -> dict:
+    """(a) against the others on each rank, from the medians: data start and whole process."""
+    configs = record["configs"]
+    if "a" not in configs:
+        return {}
+    a = configs["a"]["median"]["ranks"]
+    return {name: [{"data": a[k]["data_s"] / r["data_s"], "whole": a[k]["whole_s"] / r["whole_s"]}
+                   for k, r in enumerate(c["median"]["ranks"])]
+            for name, c in configs.items() if name != "a"}
+
+
+def _start_sizes(r: dict) -> str:
+    p = r["params"]
+    return (f"{p['datasets']:,} datasets, {p['documents']:,} documents, {p['tokens']:,} tokens, "
+            f"L = {p['seq_length']}, samples per split {p['sizes']}")
+
+
+def _ratio_sentence(r: dict) -> str:
+    ratios = start_ratios(r)
+    if "c" not in ratios:
+        return ""
+    c, b = ratios["c"][1], ratios.get("b", [None, None])[1]
+    text = (f"(a) / (c) on the waiting rank (rank 1): **{c['data']:.0f}x** from the data flags to sample 0, "
+            f"{c['whole']:.1f}x from the processes' start (imports included)")
+    if b:
+        text += f"; (a) / (b): {b['data']:.1f}x and {b['whole']:.1f}x"
+    return text + "."
+
+
+def start_readme_table(records: list[dict], results: str) -> str:
+    """The README's start table: per factor, per configuration and rank, from the results alone."""
+    lines = [
+        START_START,
+        f"<!-- written by `python -m benchmarks start-report --readme README.md` from {shown(results)}; "
+        "edits here are overwritten -->",
+        "",
+        "**What the cache saves at the start of training.** megatron-core 0.19.2's `BlendedMegatronDatasetBuilder` "
+        "on 2 gloo ranks, as training calls it, for a blend of 1000 datasets, on this 2-core machine: per rank, the "
+        "seconds from reading the data flags to having read sample 0 of the train split (in brackets: from the "
+        "rank's process start, the imports of torch and megatron-core included), the files it opened meanwhile "
+        "(to read or to write), and its peak RSS; medians. (a) no cache: rank 0 builds, rank 1 waits; (b) "
+        "megacache's cache, training's default flags; (c) megacache's cache with `--dataloader-fast-cache-load`, "
+        "`--dataloader-defer-npy-index-mmap`, the data per split and megacache's `--per-dataset-sequences-path` "
+        "file; and megacache's own `prepare_cache` on the flags of (b).",
+    ]
+    for r in records:
+        lines += ["", f"Factor {r['factor']:g} ({_start_sizes(r)}), medians of {r['repeats']}, measured "
+                      f"{r['time'][:16].replace('T', ' ')}:", "",
+                  "| configuration | rank 0 | rank 1 (waits in (a)) |", "|---|---:|---:|"]
+        for name in r["order"]:
+            c = r["configs"][name]
+            lines.append(f"| {_start_label(name, c)} | " + " | ".join(_start_cell(x) for x in c["median"]["ranks"])
+                         + " |")
+        sentence = _ratio_sentence(r)
+        if sentence:
+            lines += ["", sentence]
+    details = os.path.join(os.path.dirname(shown(results)), "START.md")
+    lines += ["", f"Every run, phase and check: `{details}`; how it was measured: "
+                  "[docs/benchmarks.md](docs/benchmarks.md#the-start-of-training).", START_END]
+    return "\n".join(lines)
+
+
+def start_table(records: list[dict], results: str) -> str:
+    """START.md: each factor's medians per configuration and rank, its ratios, phases, every run, the
+    megacache builds before them, and the checks."""
+    lines = ["# The start of training", "",
+             f"<!-- written by `python -m benchmarks start-report` from {shown(results)}: every number below comes "
+             "from that file -->"]
+    for r in records:
+        m, v, mv = r["machine"], r["machine"]["versions"], r["megatron"]["versions"]
+        lines += [
+            "", f"## Factor {r['factor']:g}", "",
+            f"Measured {r['time']} ({r['suite']} suite, run {r['run_id']}, {r['repeats']} repeat(s), the "
+            f"configurations alternating within each): {_start_sizes(r)}; (c)'s per-split data: "
+            f"{r['params']['per_split']}. Machine: {m['cpu']}, {m['cpus_usable']} usable CPU(s), "
+            f"{m['ram_gib']:.0f} GiB RAM; megatron-core {mv.get('megatron_core')} (Python {mv['python']}, torch "
+            f"{mv['torch']}, numpy {mv['numpy']}); megacache {v['megacache']} (commit "
+            f"{(m['git_commit'] or 'unknown')[:10]}, Python {v['python']}).",
+            "",
+            "Per rank, medians: data = from reading the data flags to having read sample 0 of the train split; "
+            "whole = from the process's start; builder = the `BlendedMegatronDatasetBuilder(...).build()` call "
+            "(megacache: `prepare_cache`); imports = process start to torch and the library imported; files and "
+            "opens within data (Python-level opens: an audit hook; C-level opens such as shared libraries are not "
+            "counted); process opens = the same from the process's start (imports included); RSS = peak at sample 0.",
+            "",
+            "| configuration | rank | data s | whole s | builder s | imports s | files (opens) in data | mmaps in data "
+            "| process opens | peak RSS |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for name in r["order"]:
+            c = r["configs"][name]
+            for k, x in enumerate(c["median"]["ranks"]):
+                lines.append(f"| {_start_label(name, c)} | {k} | {x['data_s']:.2f} | {x['whole_s']:.2f} | "
+                             f"{x['build_s']:.2f} | "
+                             f"{x['marks']['import']:.2f} | {x['files_data']:,.0f} ({x['opens_data']:,.0f}) | "
+                             f"{x['mmaps_data']:,.0f} | {x['opens_process']:,.0f} | {_gib(x['rss_kb'])} |")
+        lines += [""]
+        for name in r["order"]:
+            lines.append(f"- {_start_label(name, r['configs'][name])}: {r['configs'][name]['text']}.")
+        ratios = start_ratios(r)
+        if ratios:
+            lines += ["", "(a) against each, per rank (data / whole): " + "; ".join(
+                f"{_start_label(n, r['configs'][n])}: " + ", ".join(f"rank {k} {x['data']:.1f}x / {x['whole']:.1f}x"
+                                                          for k, x in enumerate(rs))
+                for n, rs in ratios.items()) + "."]
+        lines += ["", "Each run (launch to both ranks' exit; per rank: data s / whole s):", ""]
+        for name in r["order"]:
+            c = r["configs"][name]
+            runs = "; ".join(f"{run['wall_s']:.2f} s (" + ", ".join(f"{x['data_s']:.2f} / {x['whole_s']:.2f}"
+                                                                    for x in run["ranks"]) + ")"
+                             for run in c["runs"])
+            lines.append(f"- {_start_label(name, c)}: {runs}")
+        lines += ["", "Marks, median seconds from each rank's process start:", ""]
+        for name in r["order"]:
+            c = r["configs"][name]
+            for k, x in enumerate(c["median"]["ranks"]):
+                marks = ", ".join(f"{n} {s:.2f}" for n, s in x["marks"].items())
+                lines.append(f"- {_start_label(name, c)}, rank {k}: {marks}, sample 0 {x['whole_s']:.2f}")
+        builds = "; ".join(f"{layout}: {b['wall_s']:.1f} s, {b['bytes'] / 2**20:,.1f} MiB"
+                           for layout, b in r["builds"].items())
+        sample = r["expected_sample"]
+        lines += ["", f"megacache built both caches before the runs, once (`mpiexec -n 2 megacache build "
+                      f"--megatron-version 0.19`, wall time and size): {builds}.",
+                  "", f"Checks: every rank of every run read sample 0 as megacache's `open_cache` reads it from "
+                      f"its cache (split data: dataset {sample['split']['dataset']}, its sample "
+                      f"{sample['split']['sample']}; per-split data: dataset {sample['per_split']['dataset']}, its "
+                      f"sample {sample['per_split']['sample']}); runs with a cache left it unchanged; megatron-core's "
+                      f"own cache in (a) was byte-identical to megacache's ({r['compared']['outputs']} build(s), "
+                      f"{r['compared']['bytes'] / 2**20:,.1f} MiB compared)."]
+    return "\n".join(lines) + "\n"
+
+
+def write_start_report(results: str, readme: str | None = None) -> list[str]:
+    """``START.md`` next to ``results`` (and the start block of ``readme``); returns the paths."""
+    records = start_records(results)
+    path = os.path.join(os.path.dirname(os.path.abspath(results)), "START.md")
+    with open(path, "w") as f:
+        f.write(start_table(records, results))
+    paths = [path]
+    if readme is not None:
+        _replace_block(readme, START_START, START_END, start_readme_table(records, results))
+        paths.append(readme)
+    return [shown(p) for p in paths]

@@ -22,7 +22,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,6 +44,12 @@ class Suite:
     factors: tuple[float, ...] | None = None
     #: the workloads it runs by default (None: all)
     workloads: tuple[str, ...] | None = None
+    #: a start-of-training suite (``start.py``): training's start on 2 gloo ranks, not the workloads
+    start: bool = False
+    #: tokens per document of ``build_blend``'s datasets (None: MEAN_LENGTH)
+    mean_length: float | None = None
+    #: the seed's case (``seed.py``): ``build_blend`` once at P ranks with the checks at that scale
+    seed_case: bool = False
 
 
 SUITES = {
@@ -56,6 +62,22 @@ SUITES = {
     # 10): how time and memory grow with the corpus. Minutes a repeat on 2 cores; megatron-core
     # needs about 11 GB at factor 10.
     "scale": Suite(factor=10.0, ranks=(2,), repeats=1, factors=(1.0, 3.0, 10.0), workloads=("build_blend",)),
+    # Training's start on 2 gloo ranks (megatron-core 0.19.2 without and with megacache's cache, and
+    # megacache's own API) for the 1000-dataset blend at 1 and 10 times its size (start.py); the
+    # ranks are P = 2 whatever --ranks says. Factor 10 needs about 11 GB for megatron-core's build.
+    "start": Suite(factor=1.0, ranks=(2,), repeats=3, factors=(1.0, 10.0), start=True),
+    # The same at the smoke suite's size (20 datasets), one repeat: the test's size.
+    "start-smoke": Suite(factor=2e-4, ranks=(2,), repeats=1, blend_datasets=20, tokenizer_documents=1000, start=True),
+    # The seed's case (issue 41; seed.py): build_blend at 100 times its size with documents of 10,000
+    # tokens (5e12 tokens, 5e8 documents, 1.2e9 train samples), once at P = 2, with the disk's floor,
+    # megacache verify, megatron-core's entries of sampled member datasets, the blend's counts and the
+    # 2e9-sample blend alone. About 48 GB of disk at its peak (10 GB of inputs, 37 GB of cache); --factor 1
+    # is 1/100 of it.
+    "seed": Suite(factor=100.0, ranks=(2,), repeats=1, mean_length=10000.0, workloads=("build_blend",),
+                  seed_case=True),
+    # The same at a test's size: 20 datasets.
+    "seed-smoke": Suite(factor=2e-4, ranks=(2,), repeats=1, blend_datasets=20, mean_length=10000.0,
+                        workloads=("build_blend",), seed_case=True),
 }
 
 
@@ -68,6 +90,12 @@ class Case:
     megacache: Callable[[str], list[str]]
     reference: Callable[[str], list[str]]
     reference_name: str
+    #: builds: the data flags (``--data-path``/``--data-args-path`` and ``--split``), the other flags
+    #: both sides are given (seed, sequence length, sample counts, surplus, tokenizer), and the
+    #: reference's spec (prefixes, weights, sizes, ...)
+    data_flags: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    spec: dict = field(default_factory=dict)
 
 
 def _write_spec(work: str, spec: dict) -> str:
@@ -128,13 +156,13 @@ def tokenize(work: str, suite: Suite, factor: float) -> Case:
 # build_gpt and build_blend
 
 
-def write_dataset(prefix: str, documents: int, seed: int) -> np.ndarray:
-    """One sequence per document, lognormal lengths (mean MEAN_LENGTH, >= 1), a sparse ``.bin``;
-    returns the lengths."""
+def write_dataset(prefix: str, documents: int, seed: int, mean_length: float | None = None) -> np.ndarray:
+    """One sequence per document, lognormal lengths (mean ``mean_length``, default MEAN_LENGTH, >= 1),
+    a sparse ``.bin``; returns the lengths."""
     from megacache.formats.indexed import IndexLayout, IndexWriter
 
     rng = np.random.default_rng(seed)
-    mu = math.log(MEAN_LENGTH) - SIGMA**2 / 2  # the lognormal's mean is exp(mu + sigma^2 / 2)
+    mu = math.log(mean_length or MEAN_LENGTH) - SIGMA**2 / 2  # the lognormal's mean is exp(mu + sigma^2 / 2)
     lengths = np.maximum(1, np.rint(rng.lognormal(mu, SIGMA, documents))).astype(np.int32)
     layout = IndexLayout(np.dtype(np.uint16), documents, documents + 1)
     IndexWriter.create(prefix + ".idx", prefix + ".bin", layout, 2 * int(lengths.sum(dtype=np.int64)))
@@ -159,7 +187,7 @@ def blend_surplus(work: str, prefixes: list[str], weights: np.ndarray, split: st
     no split's blend takes more samples from a dataset than it has, from megacache's plan of the
     build: small blends of many datasets need more (megatron-core raises IndexError and says to
     raise it). Both sides are given the same."""
-    from megacache.algorithms.blend_kernels import build_blending_indices
+    from megacache.algorithms.blend_kernels import blend_chunk
     from megacache.algorithms.blend_sizes import find_oversampling
     from megacache.megatron.blends import parse_blend
     from megacache.builders.build import BuildConfig, plan
@@ -174,29 +202,41 @@ def blend_surplus(work: str, prefixes: list[str], weights: np.ndarray, split: st
                           seed=SEED, cache_dir=os.path.join(work, "unused-cache"), surplus=surplus)
         blends = plan(cfg, SingleComm()).blends
         # What each blend takes from each dataset depends on its weights and size only.
-        counts = counts or [np.bincount(build_blending_indices(b.weights, b.size)[0], minlength=len(b.lengths))
-                            for b in blends]
+        counts = counts or [_blend_counts(blend_chunk, b.weights, b.size) for b in blends]
         if not any(find_oversampling(c, b.lengths) for c, b in zip(counts, blends)):
             return surplus
     raise ValueError(f"no mid-level surplus up to 5 keeps blends of {sizes} samples within their datasets")
 
 
+def _blend_counts(blend_chunk, weights: np.ndarray, size: int, block: int = 1 << 22) -> np.ndarray:
+    """Samples the blend of ``size`` takes from each dataset, blended a block at a time (the seed
+    suite's 1.2e9-sample blend would be 12 GB at once)."""
+    counts = np.zeros(len(weights), dtype=np.int64)
+    idx, sidx = np.empty(min(block, size), np.int16), np.empty(min(block, size), np.int64)
+    for start in range(0, size, block):
+        n = min(block, size - start)
+        counts = blend_chunk(weights, start, counts, idx[:n], sidx[:n])
+    return counts
+
+
 def _build_case(work: str, prefixes: list[str], weights, data_args: list[str], split: str,
                 sizes: list[int], samples_flags: list[str], params: dict, surplus: float = 0.005) -> Case:
-    spec = _write_spec(work, {"prefixes": prefixes, "weights": weights, "split": split, "seed": SEED,
-                              "seq_length": SEQ_LENGTH, "sizes": sizes, "vocab_size": VOCAB_SIZE,
-                              "surplus": surplus})
-    common = [*data_args, "--split", split, "--seed", str(SEED), "--seq-length", str(SEQ_LENGTH),
-              *samples_flags, "--mid-level-dataset-surplus", repr(surplus), "--tokenizer-type", "NullTokenizer",
-              "--vocab-size", str(VOCAB_SIZE)]
+    fields = {"prefixes": prefixes, "weights": weights, "split": split, "seed": SEED, "seq_length": SEQ_LENGTH,
+              "sizes": sizes, "vocab_size": VOCAB_SIZE, "surplus": surplus}
+    spec = _write_spec(work, fields)
+    flags = ["--seed", str(SEED), "--seq-length", str(SEQ_LENGTH), *samples_flags, "--mid-level-dataset-surplus",
+             repr(surplus), "--tokenizer-type", "NullTokenizer", "--vocab-size", str(VOCAB_SIZE)]
+    common = [*data_args, "--split", split, *flags]
     return Case(
         params={**params, "seq_length": SEQ_LENGTH, "split": split, "seed": SEED, "sizes": sizes,
-                "mean_length": MEAN_LENGTH, "sigma": SIGMA, "mid_level_dataset_surplus": surplus},
+                "mean_length": params.get("mean_length", MEAN_LENGTH), "sigma": SIGMA,
+                "mid_level_dataset_surplus": surplus},
         # the reference is megatron-core 0.16.1's builder alone, which writes no sequences file
         megacache=lambda out: ["megacache", "build", *common, "--megatron-version", "0.16", "--data-cache-path", out,
                                "--per-dataset-sequences-path", ""],
         reference=lambda out: ["benchmarks.reference", "build", spec, out],
         reference_name="megatron-core BlendedMegatronDatasetBuilder.build()",
+        data_flags=[*data_args, "--split", split], flags=flags, spec=fields,
     )
 
 
@@ -225,14 +265,15 @@ def build_blend(work: str, suite: Suite, factor: float) -> Case:
     from megacache.megatron.training import split_sizes
 
     split, datasets, tokens = "969,30,1", suite.blend_datasets, 5e10 * factor
+    mean_length = suite.mean_length or MEAN_LENGTH
     share, weights = blend_shares(datasets)
     prefixes, documents, total = [], 0, 0
     for i in range(datasets):
         prefix = os.path.join(work, f"source_{i:04d}_text_document")
         # At least 1000 documents, so the 0.1 % test split holds one (the blend asks every dataset
         # for test samples; from an empty split megatron-core would loop forever).
-        n = max(1000, int(tokens * share[i] / MEAN_LENGTH))
-        total += int(write_dataset(prefix, n, SEED + 1 + i).sum(dtype=np.int64))
+        n = max(1000, int(tokens * share[i] / mean_length))
+        total += int(write_dataset(prefix, n, SEED + 1 + i, mean_length).sum(dtype=np.int64))
         prefixes.append(prefix)
         documents += n
     # train / valid / test = 1.2e7 / 1.2e5 / 1.2e4 at factor 1, as Megatron-LM's loop derives them
@@ -251,7 +292,8 @@ def build_blend(work: str, suite: Suite, factor: float) -> Case:
     flags = ["--train-samples", str(train), "--global-batch-size", "1", "--eval-iters", str(test),
              "--eval-interval", str(eval_interval)]
     return _build_case(work, prefixes, weights.tolist(), ["--data-args-path", data_args], split, sizes, flags,
-                       {"datasets": datasets, "documents": documents, "tokens": total},
+                       {"datasets": datasets, "documents": documents, "tokens": total,
+                        "mean_length": mean_length},
                        blend_surplus(work, prefixes, weights, split, sizes))
 
 

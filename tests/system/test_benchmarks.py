@@ -1,6 +1,7 @@
 """The benchmark suite runs end to end: ``python -m benchmarks run --suite smoke`` (every workload at a
 tiny size, P = 1 and 2 under real mpiexec, megatron-core beside megacache, outputs compared byte for
-byte) writes its JSON lines, plots and table, and the projection is computed from them."""
+byte) writes its JSON lines, plots and table, and the projection is computed from them; the start
+suite (``--suite start-smoke``) measures training's start on 2 gloo ranks and writes its table."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import re
 import os
 import subprocess
 import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -41,7 +44,7 @@ def test_smoke_suite_writes_results_plots_table_and_projection(tmp_path):
     assert f"| `blend_kernel` (smoke, factor 0.0002, 1 repeat(s)) |" in text and f"{wall:.1f} s (" in text
     projection = str(tmp_path / "projection.md")
     proj = subprocess.run([sys.executable, "-m", "benchmarks", "project", "--results", results, "--scale-results", "",
-                           "--output", projection],
+                           "--seed-results", "", "--output", projection],
                           cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
     assert proj.returncode == 0, proj.stderr
     text = open(projection).read()
@@ -114,3 +117,99 @@ def test_floor_files_writes_the_same_names_and_sizes_split_over_the_ranks(tmp_pa
     assert run.returncode == 0, run.stdout + run.stderr
     assert {p.name: p.stat().st_size for p in dest.iterdir()} == sizes
     assert re.fullmatch(r"  phases: write [0-9.]+ s, sync [0-9.]+ s, publish [0-9.]+ s\n", run.stdout), run.stdout
+
+
+def test_seed_suite_builds_verifies_and_checks_the_seed_case_at_a_tiny_size(tmp_path):
+    """``python -m benchmarks run --suite seed-smoke``: the seed's case (documents of 10,000 tokens)
+    at 20 datasets, once at P = 2: the disk's own rate, the build, ``megacache verify``, megatron-core's
+    entries of three member datasets compared byte for byte, each blend's counts against the largest
+    remainder, and the seed's blend alone; one record, SEED.md, its work directory removed."""
+    from benchmarks.seed import against_largest_remainder
+
+    # the greedy is not largest remainder: w = (0.1, 0.9), 3 samples: the greedy takes (1, 2), Hamilton (0, 3)
+    assert against_largest_remainder([1, 2], [0.1, 0.9], 3)["differences"] == {"0": 1, "1": -1}
+    results = str(tmp_path / "seed.jsonl")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TMPDIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "seed-smoke", "--results", results],
+                         cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (record,) = [json.loads(line) for line in open(results)]
+    assert record["benchmark"] == "seed" and record["ranks"] == 2 and record["machine"]["cpus"] >= 1
+    assert record["params"]["datasets"] == 20 and record["params"]["mean_length"] == 10000
+    build = record["build"]
+    assert build["wall_s"] > 0 and len(build["rss_kb"]) == 2 and {"document_index", "publish"} <= set(build["phases"])
+    assert record["outputs"]["files"] == 249 and record["verify"]["wall_s"] > 0 and len(record["verify"]["rss_kb"]) == 2
+    assert record["disk"] is None or record["disk"]["bytes_per_s"] > 0
+    members = record["members"]
+    assert members["identical"] and members["files"] == 3 * 12 and len(members["indices"]) == 3, members
+    assert sorted(record["blends"]) == ["test", "train", "valid"]
+    for split, counts in record["blends"].items():
+        assert counts["datasets"] == 20 and counts["counted"] == counts["samples"] > 0, (split, counts)
+    alone = record["blend_alone"]
+    assert alone["samples"] == 1_000_000 and alone["vs_largest_remainder"]["counted"] == 1_000_000
+    assert {"guess", "blend", "repair"} <= set(alone["run"]["phases"])
+    assert not [n for n in os.listdir(tmp_path) if n.startswith("megacache-bench-seed-")]
+    assert "byte-identical to megacache's" in open(tmp_path / "SEED.md").read()
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("a\n<!-- seed table: start -->\nold\n<!-- seed table: end -->\nb\n")
+    rep = subprocess.run([sys.executable, "-m", "benchmarks.seed", "report", "--results", results, "--doc", str(doc)],
+                         cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    text = doc.read_text()
+    assert "old" not in text and text.endswith("<!-- seed table: end -->\nb\n")
+    assert "| `megacache build`, P = 2 |" in text
+    # the projection takes the case and megacache's 1000-dataset constants from the seed record
+    projection = tmp_path / "projection.md"
+    proj = subprocess.run([sys.executable, "-m", "benchmarks", "project", "--seed-results", results, "--output",
+                           str(projection)], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    assert proj.returncode == 0, proj.stderr
+    text = projection.read_text()
+    assert "The case: the seed's" in text and "| phase | P = 64 | P = 512 | P = 4096 |" in text, text
+
+
+@pytest.mark.oracle_environments
+def test_start_suite_measures_each_rank_and_writes_its_table(tmp_path):
+    """``python -m benchmarks run --suite start-smoke``: training's start on 2 gloo ranks, megatron-core
+    0.19.2 without a cache (a) and with megacache's cache and the fast-load flags (c), and megacache's
+    prepare_cache; per configuration and rank the seconds to sample 0, the files opened and the
+    peak RSS; megatron-core's own cache byte-identical to megacache's; START.md and the README's block.
+    (b) takes the path of (a) with megacache's cache; it is left out to keep this test short."""
+    from support.oracles import ROOT as ORACLES, built
+
+    if not built(ORACLES):
+        pytest.skip(f"megatron-core 0.19.2 oracle environment not built in {ORACLES}: run bash "
+                    "tests/megatron_oracles.sh")
+    results = str(tmp_path / "start.jsonl")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", MEGACACHE_ORACLES=ORACLES)
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "start-smoke", "--configs", "a", "c",
+                          "api", "--results", results], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (record,) = [json.loads(line) for line in open(results)]
+    assert record["benchmark"] == "start" and record["params"]["datasets"] == 20
+    assert record["order"] == ["a", "c", "api"]
+    assert record["megatron"]["versions"]["megatron_core"] == "0.19.2"
+    # megatron-core's build in (a) wrote exactly megacache's cache: 20 datasets x 3 splits x 4 files + 3 blends x 3
+    assert record["compared"]["outputs"] == 1 and record["compared"]["bytes"] > 0
+    for name, config in record["configs"].items():
+        (run_,) = config["runs"]
+        for rank, r in enumerate(run_["ranks"]):
+            assert r["rank"] == rank and r["config"] == name
+            assert 0 < r["build_s"] <= r["data_s"] < r["whole_s"] and r["rss_kb"] > 0, r
+            assert r["opens"]["data"]["calls"] >= r["opens"]["data"]["files"] > 0, r
+            assert r["sample"] == record["expected_sample"][config["layout"]], (name, r["sample"])
+    opened = {name: c["runs"][0]["ranks"][0]["opens"]["data"]["by_suffix"] for name, c in record["configs"].items()}
+    # (c): every prefix's .idx and .bin mapped once per split, no cache entry opened but sample 0's
+    assert opened["c"][".idx"] == opened["c"][".bin"] == 3 * 20 and opened["c"][".npy"] < 20, opened["c"]
+    start = (tmp_path / "START.md").read_text()
+    assert "| (c) megacache's cache, fast load | 1 |" in start and "byte-identical to megacache's (1 build(s)" in start
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n## Benchmarks\n<!-- start table: start -->\nold\n<!-- start table: end -->\nrest\n")
+    rep = subprocess.run([sys.executable, "-m", "benchmarks", "start-report", "--results", results, "--readme",
+                          str(readme)], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    text = readme.read_text()
+    assert text.startswith("intro\n## Benchmarks\n<!-- start table: start -->") and text.endswith(
+        "<!-- start table: end -->\nrest\n") and "old" not in text
+    c1 = record["configs"]["c"]["median"]["ranks"][1]
+    assert "| (c) megacache's cache, fast load | " in text and f"{c1['data_s']:.2f} s ({c1['whole_s']:.1f} s)" in text
+    assert re.search(r"\(a\) / \(c\) on the waiting rank \(rank 1\): \*\*\d+x\*\*", text), text
