@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from support.corpus import MEGACACHE, free_port, processes
+from support.corpus import MEGACACHE, RANKS_REPORTED, free_port, processes
 
 #: where the bricks and the nodes' files live on the host
 ROOT = "/run/megacache-cluster"
@@ -248,7 +248,7 @@ class Cluster:
         if check and done.returncode != 0:
             raise AssertionError(f"megacache {' '.join(args)} on {len(nodes)} nodes x {ranks_per_node} ranks "
                                  f"exited {done.returncode}:\n{out}\n{err}")
-        if check and args[0] in ("tokenize", "merge", "convert", "build") and f" on {ranks} rank(s)" not in out:
+        if check and args[0] in RANKS_REPORTED and f" on {ranks} rank(s)" not in out:
             raise AssertionError(f"megacache {args[0]} launched on {ranks} ranks ran on other counts:\n{out}")
         return done
 

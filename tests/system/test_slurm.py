@@ -81,8 +81,9 @@ def test_prebuild_job_under_sbatch_equals_a_single_rank_build(tmp_path, compiled
     assert job.returncode == 0, job.stdout + job.stderr + output
 
     assert "megacache kernels: already compiled for this CPU" in output, output
-    # Both srun steps ran as one 2-rank MPI job (two singletons would each report 1 rank).
-    assert output.count("on 2 rank(s)") == 2, output
+    # The three srun steps (tokenize, build, verify) each ran as one 2-rank MPI job (two singletons
+    # would each report 1 rank).
+    assert output.count("on 2 rank(s)") == 3, output
     assert "on 1 rank(s)" not in output, output
     data_path = f"{prefix}_text_document"
     assert f"ok   {data_path}: 400 documents" in output, output
