@@ -49,27 +49,50 @@ def _timed(phases: dict[str, float], name: str, fn):
     return wrapper
 
 
-def build(spec_path: str, out: str) -> None:
-    with open(spec_path) as f:
-        a = json.load(f)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import numpy
-        import torch.distributed as dist
-        from megatron.core.datasets import gpt_dataset, helpers
-        from megatron.core.datasets.blended_megatron_dataset_builder import (
-            BlendedMegatronDatasetBuilder,
-        )
-        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
-        from megatron.core.tokenizers import MegatronTokenizer
-    phases = {"import": time.perf_counter() - T0}
+def _time_phases(phases: dict[str, float]):
+    """megatron-core's GPTDataset functions (loading, the three indices, ``numpy.save``) wrapped to add
+    their seconds to ``phases``; returns the wrapper for more."""
+    import numpy
+    from megatron.core.datasets import gpt_dataset, helpers
+    from megatron.core.datasets.gpt_dataset import GPTDataset
+
     timed = functools.partial(_timed, phases)
     GPTDataset.build_low_level_dataset = staticmethod(timed("load", GPTDataset.build_low_level_dataset))
     gpt_dataset._build_document_index = timed("document_index", gpt_dataset._build_document_index)
     helpers.build_sample_idx = timed("sample_index", helpers.build_sample_idx)
     gpt_dataset._build_shuffle_index = timed("shuffle_index", gpt_dataset._build_shuffle_index)
-    helpers.build_blending_indices = timed("blend", helpers.build_blending_indices)
     numpy.save = timed("save", numpy.save)
+    return timed
+
+
+def _config(a: dict, out: str):
+    """The ``GPTDatasetConfig`` of a build spec, caching into ``out`` (a null tokenizer)."""
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
+    from megatron.core.tokenizers import MegatronTokenizer
+
+    tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=a["vocab_size"])
+    return GPTDatasetConfig(random_seed=a["seed"], sequence_length=a["seq_length"],
+                            blend=(a["prefixes"], a["weights"]), split=a["split"], tokenizer=tokenizer,
+                            reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
+                            add_extra_token_to_sequence=True, drop_last_partial_validation_sequence=True,
+                            mid_level_dataset_surplus=a["surplus"], path_to_cache=out)
+
+
+def build(spec_path: str, out: str) -> None:
+    with open(spec_path) as f:
+        a = json.load(f)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torch.distributed as dist
+        from megatron.core.datasets import helpers
+        from megatron.core.datasets.blended_megatron_dataset_builder import (
+            BlendedMegatronDatasetBuilder,
+        )
+        from megatron.core.datasets.gpt_dataset import GPTDataset
+        import megatron.core.tokenizers  # noqa: F401 (timed as an import; _config uses it)
+    phases = {"import": time.perf_counter() - T0}
+    timed = _time_phases(phases)
+    helpers.build_blending_indices = timed("blend", helpers.build_blending_indices)
 
     # megatron-core 0.16.1 caches a blend only with a process group: a one-process gloo group.
     t = time.perf_counter()
@@ -77,12 +100,7 @@ def build(spec_path: str, out: str) -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
-    tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=a["vocab_size"])
-    config = GPTDatasetConfig(random_seed=a["seed"], sequence_length=a["seq_length"],
-                              blend=(a["prefixes"], a["weights"]), split=a["split"], tokenizer=tokenizer,
-                              reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                              add_extra_token_to_sequence=True, drop_last_partial_validation_sequence=True,
-                              mid_level_dataset_surplus=a["surplus"], path_to_cache=out)
+    config = _config(a, out)
     phases["setup"] = time.perf_counter() - t
     t = time.perf_counter()
     with warnings.catch_warnings():
@@ -105,27 +123,15 @@ def members(spec_path: str, out: str, which: str) -> None:
         a = json.load(f)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import numpy
         from megatron.core.datasets import blended_megatron_dataset_builder as builder_module
-        from megatron.core.datasets import gpt_dataset, helpers
-        from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+        from megatron.core.datasets.gpt_dataset import GPTDataset
         from megatron.core.datasets.utils import normalize
-        from megatron.core.tokenizers import MegatronTokenizer
+        import megatron.core.tokenizers  # noqa: F401 (timed as an import; _config uses it)
     phases = {"import": time.perf_counter() - T0}
-    timed = functools.partial(_timed, phases)
-    GPTDataset.build_low_level_dataset = staticmethod(timed("load", GPTDataset.build_low_level_dataset))
-    gpt_dataset._build_document_index = timed("document_index", gpt_dataset._build_document_index)
-    helpers.build_sample_idx = timed("sample_index", helpers.build_sample_idx)
-    gpt_dataset._build_shuffle_index = timed("shuffle_index", gpt_dataset._build_shuffle_index)
-    numpy.save = timed("save", numpy.save)
+    _time_phases(phases)
 
     t = time.perf_counter()
-    tokenizer = MegatronTokenizer.from_pretrained(metadata_path={"library": "null"}, vocab_size=a["vocab_size"])
-    config = GPTDatasetConfig(random_seed=a["seed"], sequence_length=a["seq_length"],
-                              blend=(a["prefixes"], a["weights"]), split=a["split"], tokenizer=tokenizer,
-                              reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                              add_extra_token_to_sequence=True, drop_last_partial_validation_sequence=True,
-                              mid_level_dataset_surplus=a["surplus"], path_to_cache=out)
+    config = _config(a, out)
     builder = builder_module.BlendedMegatronDatasetBuilder(GPTDataset, a["sizes"], lambda: True, config)
     prefixes, weights = config.blend
     per_dataset = builder_module._get_size_per_split_per_dataset(normalize(weights), a["sizes"],
