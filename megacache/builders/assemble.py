@@ -23,9 +23,11 @@ import numpy as np
 from ..runtime.comm import Comm
 from ..errors import MegacacheError
 from ..formats import pickled_pairs
+from ..formats.datatrove import DsWriter, index_path, is_ds, loss_path, metadata_path, metadata_text
 from ..formats.indexed import IndexLayout, IndexWriter, bin_path, idx_path
 from ..formats.pbin import TOKEN_DTYPES, PbinWriter, is_pbin
-from ..runtime.fsio import copy_range, fsync_dir, pwrite_all, remove_quietly, tmp_path
+from ..runtime.fsio import (copy_range, fsync_dir, publish as publish_file, pwrite_all, remove_quietly, tmp_path,
+                            write_new_file)
 from ..runtime.coordination import guarded
 
 #: tokens per block when a part's tokens change dtype on the way (convert)
@@ -192,6 +194,47 @@ def assemble_pbin(comm: Comm, path: str, token_size: int, counts: list[PartCount
     return documents
 
 
+def assemble_ds(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts], mine: list[int],
+                load: Callable[[int], Part], tag: str) -> int:
+    """Write datatrove's ``path`` (``.ds``, ``.ds.index``, ``.ds.metadata``) from ``counts`` and this
+    rank's parts ``mine`` (as ``assemble``); each document one run of tokens. Returns the documents."""
+    table = np.array([[c.documents, c.tokens] for c in counts], dtype=np.int64).reshape(-1, 2)
+    starts = np.zeros_like(table)
+    np.cumsum(table[:-1], axis=0, out=starts[1:])
+    documents, tokens = (int(v) for v in table.sum(axis=0))
+    tmp_data, tmp_index, tmp_meta = (tmp_path(p, tag) for p in (path, index_path(path), metadata_path(path)))
+
+    def create() -> None:
+        DsWriter.create(tmp_data, tmp_index, tokens * dtype.itemsize, documents)
+        write_new_file(tmp_meta, [metadata_text(dtype.itemsize, tokens).encode()])
+
+    comm.on_root(create, "preallocating the output")
+    with comm.agreed(f"writing {path}"):
+        with DsWriter(tmp_data, tmp_index) as writer:
+            for p in mine:
+                doc0, tok0 = (int(v) for v in starts[p])
+                part = load(p)
+                lengths = part.document_lengths()
+                if len(lengths) != counts[p].documents or int(lengths.sum()) != counts[p].tokens:
+                    raise RuntimeError(f"part {p} does not match its recorded counts {counts[p]}")
+                writer.write_ends(doc0, tok0 + np.cumsum(lengths))
+                _write_tokens(part, counts[p].tokens, dtype, writer.data_fd, tok0 * dtype.itemsize, path)
+            writer.sync()
+
+    def publish() -> None:
+        # The old index and loss mask go first: a crash midway leaves a .ds without an index (refused
+        # by every reader), never new tokens under a stale index or another file's loss mask.
+        remove_quietly(index_path(path))
+        remove_quietly(loss_path(path))
+        os.replace(tmp_data, path)
+        publish_file(tmp_meta, metadata_path(path))
+        os.replace(tmp_index, index_path(path))
+        fsync_dir(path)
+
+    comm.on_root(publish, f"publishing {path}")
+    return documents
+
+
 def discard(output: str, tag: str) -> None:
     """Remove the temporaries an assembly of ``output`` (a prefix or a ``.pbin``) with this tag may have left."""
     for path in _files(output):
@@ -199,6 +242,8 @@ def discard(output: str, tag: str) -> None:
 
 
 def _files(output: str) -> tuple[str, ...]:
+    if is_ds(output):
+        return output, index_path(output), metadata_path(output)
     return (output,) if is_pbin(output) else (idx_path(output), bin_path(output))
 
 
