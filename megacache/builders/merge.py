@@ -1,39 +1,48 @@
 """``megacache merge`` and ``megacache convert``: datasets copied, in the order given, into one.
 
-A dataset is a Megatron prefix (``.bin/.idx``) or a Modalities ``.pbin`` (a path ending in
-``.pbin``). Merge concatenates datasets of one format into that format: for Megatron prefixes the
-result equals Megatron's ``IndexedDatasetBuilder.add_index`` over them (documents appended,
-boundaries shifted, pointers recomputed); for ``.pbin`` files the offsets of each file are shifted
-by the data before it (docs/modalities.md §4). Convert writes one dataset in the other format.
+A dataset is a Megatron prefix (``.bin/.idx``), a Modalities ``.pbin`` (a path ending in ``.pbin``)
+or a datatrove ``.ds`` (a path ending in ``.ds``, beside its ``.ds.index``). Merge concatenates
+datasets of one format into that format: for Megatron prefixes the result equals Megatron's
+``IndexedDatasetBuilder.add_index`` over them (documents appended, boundaries shifted, pointers
+recomputed); for ``.pbin`` files the offsets of each file are shifted by the data before it
+(docs/modalities.md §4), for ``.ds`` files the document ends. Convert writes one dataset in another
+format (docs/datatrove.md §2 for what maps to what).
 
 Both run in parallel the same way: each input is cut into chunks of whole documents, chunks are
 parts for ``assemble``, and each rank copies its chunks' tokens from the input into place (inside
-the kernel when the token size stays, a block at a time when it changes). A ``.pbin`` input's index
-is read by one rank per file, a window at a time, to plan its chunks; each chunk's owner then decodes
-its window from the nearest decoder checkpoint. Memory per rank follows its chunks and windows.
+the kernel when the token size stays, a block at a time when it changes). A ``.pbin`` or ``.ds``
+input's index is read by one rank per file, a window at a time, to plan its chunks; each chunk's
+owner then reads its window again (a ``.pbin``'s decoded from the nearest decoder checkpoint).
+Memory per rank follows its chunks and windows.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..algorithms.blocks import first_bad
+from ..algorithms.blocks import BLOCK, first_bad
 from ..runtime.comm import Comm, get_comm
 from ..errors import MegacacheError
+from ..formats.datatrove import TOKEN_DTYPES as DS_DTYPES, DsFile, is_ds, loss_path
+from ..formats.datatrove import token_size as ds_token_size
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, optimal_dtype
 from ..formats.pbin import (CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, expected_offsets, is_pbin,
                             merge_bug_hint, token_size)
-from .assemble import Part, PartCounts, assemble, assemble_pbin, discard, guarded_output
+from .assemble import Part, PartCounts, assemble, assemble_ds, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
 
 DEFAULT_CHUNK_BYTES = 256 << 20
 
 #: a Megatron token dtype -> the .pbin token size that holds it, when no --vocab-size says otherwise
 _PBIN_SIZE_OF = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int32): 4}
+#: a token width -> the .ds dtype, when no --vocab-size says otherwise (a .ds holds 2 or 4 bytes)
+_DS_DTYPE_OF = {1: DS_DTYPES[2], 2: DS_DTYPES[2], 4: DS_DTYPES[4]}
+_NAMES = {"megatron": "Megatron prefix", "pbin": ".pbin file", "ds": ".ds file"}
 #: a .pbin token size -> the Megatron dtype, when no --vocab-size says otherwise (Megatron's rule
 #: gives uint16 to every vocabulary a 1- or 2-byte .pbin can hold, except 65500..65536)
 _MEGATRON_DTYPE_OF = {1: np.dtype(np.uint16), 2: np.dtype(np.uint16), 4: np.dtype(np.int32)}
@@ -55,7 +64,9 @@ class MergeResult:
     inputs: int
     seconds: float
     ranks: int
-    joined: int  # documents of several sequences that became one (a .pbin has no sentence boundaries)
+    joined: int  # documents of several sequences that became one (a .pbin or .ds has no sentence boundaries)
+    loss_masks: int = 0  # inputs with a .ds.loss (never carried: no output format holds one)
+    loss_masks_dropped: bool = False  # some masked tokens were written without their mask (--drop-loss-mask)
 
 
 def _check_inputs(inputs: list[str], output: str, verb: str) -> None:
@@ -155,19 +166,69 @@ def _plan_pbin_file(path: str, source: int, chunk_bytes: int) -> tuple[int, list
     return f.token_size, chunks, counts
 
 
-def _plan_pbin(comm: Comm, paths: list[str], chunk_bytes: int) -> tuple[int, list[Chunk], list[PartCounts]]:
-    """Every file's chunks, planned by one rank per file."""
-    with comm.agreed("reading the .pbin indices"):
-        mine = {j: _plan_pbin_file(paths[j], j, chunk_bytes) for j in range(comm.rank, len(paths), comm.size)}
+def _plan_files(comm: Comm, paths: list[str], plan_file, what: str) -> tuple[int, list[Chunk], list[PartCounts]]:
+    """Every file's chunks, planned by one rank per file with ``plan_file(path, source)``."""
+    with comm.agreed(f"reading the {what} indices"):
+        mine = {j: plan_file(paths[j], j) for j in range(comm.rank, len(paths), comm.size)}
     planned: dict = {}
     for part in comm.allgather(mine):
         planned.update(part)
     sizes = {planned[j][0] for j in range(len(paths))}
     if len(sizes) > 1:
         desc = ", ".join(f"{paths[j]}: {planned[j][0]}" for j in range(len(paths)))
-        raise MegacacheError(f"merge: the .pbin files have different token sizes ({desc}); they cannot be merged")
+        raise MegacacheError(f"merge: the {what} files have different token sizes ({desc}); they cannot be merged")
     return (sizes.pop(), [c for j in range(len(paths)) for c in planned[j][1]],
             [c for j in range(len(paths)) for c in planned[j][2]])
+
+
+def _plan_ds_file(path: str, source: int, chunk_bytes: int) -> tuple[int, list[Chunk], list[PartCounts]]:
+    """One datatrove file's chunks of about ``chunk_bytes`` of tokens, its ends checked a block at a time."""
+    f = DsFile(path)
+    n, all_ends = f.document_count, f.document_ends
+    per_chunk = max(1, chunk_bytes // f.token_size)
+    # A chunk closes with the document that reaches the next multiple of per_chunk tokens. Cut on
+    # ends not yet checked: the pass below refuses the file if they are out of order.
+    targets = np.arange(1, f.token_count // per_chunk + 1, dtype=np.uint64) * np.uint64(per_chunk)
+    bounds = np.unique(np.concatenate(([0], np.minimum(np.searchsorted(all_ends, targets) + 1, n), [n])))
+    nonempty_before = np.zeros(len(bounds), dtype=np.int64)  # non-empty documents before each bound
+    running = 0
+    for a in range(0, n, BLOCK):
+        b = min(n, a + BLOCK)
+        lengths = np.diff(f.ends(a, b))
+        if int(lengths.max()) > np.iinfo(np.int32).max:
+            d = a + int(np.argmax(lengths))
+            raise MegacacheError(f"{path}: document {d} holds {int(lengths.max()):,} tokens, more than a Megatron "
+                                 "sequence's length (int32) holds")
+        filled = running + np.cumsum(lengths > 0)
+        inside = (bounds > a) & (bounds <= b)
+        nonempty_before[inside] = filled[bounds[inside] - a - 1]
+        running = int(filled[-1])
+    at = np.zeros(len(bounds), dtype=np.int64)  # the token where each bound falls
+    at[bounds > 0] = all_ends[bounds[bounds > 0] - 1].astype(np.int64)
+    chunks = [Chunk(source, int(d0), int(d1)) for d0, d1 in zip(bounds[:-1], bounds[1:])]
+    counts = [PartCounts(int(bounds[k + 1] - bounds[k]), int(nonempty_before[k + 1] - nonempty_before[k]),
+                         int(at[k + 1] - at[k])) for k in range(len(chunks))]
+    return f.token_size, chunks or [Chunk(source, 0, 0)], counts or [PartCounts(0, 0, 0)]
+
+
+def _load_ds(paths: list[str], opened: dict, chunk: Chunk, count: PartCounts, drop_loss_mask: bool) -> Part:
+    f = opened.setdefault(chunk.source, DsFile(paths[chunk.source]))
+    ends = f.ends(chunk.doc_start, chunk.doc_stop)
+    if int(ends[-1] - ends[0]) != count.tokens:
+        raise MegacacheError(f"{f.path}: documents {chunk.doc_start}..{chunk.doc_stop} changed since the "
+                             "copy was planned")
+    if f.loss is not None and not drop_loss_mask:
+        masked = first_bad(np.asarray(f.loss[ends[0] : ends[-1]]) == 0)
+        if masked is not None:
+            token = int(ends[0]) + masked
+            d = chunk.doc_start + int(np.searchsorted(ends[1:], token, side="right"))
+            raise MegacacheError(f"{f.loss_file}: token {token} (document {d}) is masked from the loss; Megatron's "
+                                 "and Modalities' formats have no loss mask, so the output would train on it. Pass "
+                                 "--drop-loss-mask to write the tokens without their mask")
+    lengths = np.diff(ends)
+    nonempty = lengths > 0
+    return Part(sequence_lengths=lengths[nonempty].astype(np.int32), document_ends=np.cumsum(nonempty, dtype=np.int64),
+                token_file=f.path, token_offset=int(ends[0]) * f.token_size, token_dtype=f.dtype)
 
 
 def _load_pbin(paths: list[str], opened: dict, chunk: Chunk, count: PartCounts) -> Part:
@@ -183,30 +244,40 @@ def _load_pbin(paths: list[str], opened: dict, chunk: Chunk, count: PartCounts) 
                 token_file=paths[chunk.source], token_offset=HEADER_SIZE + start * f.token_size, token_dtype=f.dtype)
 
 
+def _kind(path: str) -> str:
+    """The format a path names: a ``.ds`` (datatrove), a ``.pbin`` (Modalities), else a Megatron prefix."""
+    return "ds" if is_ds(path) else "pbin" if is_pbin(path) else "megatron"
+
+
+def _output_dtype(kind: str, source_kind: str, source_dtype: np.dtype, vocab_size: int | None, source: str,
+                  verb: str) -> np.dtype:
+    """The output's token dtype: by its format's rule from ``vocab_size``, else from the source's width."""
+    if vocab_size is not None:
+        if kind == "pbin":
+            return TOKEN_DTYPES[token_size(vocab_size)]
+        return DS_DTYPES[ds_token_size(vocab_size)] if kind == "ds" else optimal_dtype(vocab_size)
+    if kind == source_kind:
+        return source_dtype
+    width = _PBIN_SIZE_OF.get(source_dtype) if source_kind == "megatron" else source_dtype.itemsize
+    if width is None:
+        raise MegacacheError(f"{verb}: {source} holds {source_dtype.name} tokens, which a {_NAMES[kind]} does not "
+                             "hold as they are; give --vocab-size to choose the token size")
+    return {"megatron": _MEGATRON_DTYPE_OF, "pbin": TOKEN_DTYPES, "ds": _DS_DTYPE_OF}[kind][width]
+
+
 def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, vocab_size: int | None,
-          verb: str) -> MergeResult:
+          verb: str, drop_loss_mask: bool = False) -> MergeResult:
     t0 = time.monotonic()
-    pbin_in, pbin_out = is_pbin(inputs[0]), is_pbin(output)
-    if pbin_in:
-        size, chunks, counts = _plan_pbin(comm, inputs, chunk_bytes)
+    in_kind, out_kind = _kind(inputs[0]), _kind(output)
+    if in_kind == "pbin":
+        size, chunks, counts = _plan_files(comm, inputs, lambda p, j: _plan_pbin_file(p, j, chunk_bytes), ".pbin")
         source_dtype = TOKEN_DTYPES[size]
+    elif in_kind == "ds":
+        size, chunks, counts = _plan_files(comm, inputs, lambda p, j: _plan_ds_file(p, j, chunk_bytes), ".ds")
+        source_dtype = DS_DTYPES[size]
     else:
         source_dtype, chunks, counts = comm.on_root(lambda: _plan_megatron(inputs, chunk_bytes), "planning")
-    if pbin_out:
-        if vocab_size is not None:
-            out_size = token_size(vocab_size)
-        elif pbin_in:
-            out_size = source_dtype.itemsize
-        elif source_dtype in _PBIN_SIZE_OF:
-            out_size = _PBIN_SIZE_OF[source_dtype]
-        else:
-            raise MegacacheError(f"{verb}: {inputs[0]} holds {source_dtype.name} tokens, which a .pbin does not "
-                                 "hold as they are; give --vocab-size to choose the token size")
-        dtype = TOKEN_DTYPES[out_size]
-    elif vocab_size is not None:
-        dtype = optimal_dtype(vocab_size)
-    else:
-        dtype = _MEGATRON_DTYPE_OF[source_dtype.itemsize] if pbin_in else source_dtype
+    dtype = _output_dtype(out_kind, in_kind, source_dtype, vocab_size, inputs[0], verb)
 
     owner = contiguous_shares([c.tokens for c in counts], comm.size)
     mine = [i for i in range(len(chunks)) if owner[i] == comm.rank]
@@ -214,8 +285,10 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, vocab_si
     joined = [0]
 
     def load(i: int) -> Part:
-        if pbin_in:
+        if in_kind == "pbin":
             return _load_pbin(inputs, opened, chunks[i], counts[i])
+        if in_kind == "ds":
+            return _load_ds(inputs, opened, chunks[i], counts[i], drop_loss_mask)
         part = _load_megatron(inputs, opened, chunks[i], counts[i])
         joined[0] += int(np.count_nonzero(np.diff(part.document_ends, prepend=0) > 1))
         return part
@@ -223,37 +296,42 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, vocab_si
     with guarded_output(comm, output, [output], f"megacache {verb} into {output}") as guard:
         guard.enter("writing")
         try:
-            if pbin_out:
-                documents = assemble_pbin(comm, output, dtype.itemsize, counts, mine, load, guard.job)
-                sequences = documents
+            if out_kind == "pbin":
+                documents = sequences = assemble_pbin(comm, output, dtype.itemsize, counts, mine, load, guard.job)
+            elif out_kind == "ds":
+                documents = sequences = assemble_ds(comm, output, dtype, counts, mine, load, guard.job)
             else:
                 layout = assemble(comm, output, dtype, counts, mine, load, guard.job)
                 documents, sequences = layout.document_count - 1, layout.sequence_count
         finally:
             discard(output, guard.job)
+    losses = [p for p in inputs if os.path.exists(loss_path(p))] if in_kind == "ds" else []
     return MergeResult(output=output, documents=documents, sequences=sequences, tokens=sum(c.tokens for c in counts),
                        inputs=len(inputs), seconds=time.monotonic() - t0, ranks=comm.size,
-                       joined=comm.allreduce(joined[0]) if pbin_out else 0)
+                       joined=comm.allreduce(joined[0]) if out_kind != "megatron" else 0,
+                       loss_masks=len(losses), loss_masks_dropped=drop_loss_mask and bool(losses))
 
 
-def merge(inputs: list[str], output: str, comm: Comm | None = None,
-          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> MergeResult:
-    """Concatenate datasets of one format (Megatron prefixes, or ``.pbin`` files) into ``output``."""
+def merge(inputs: list[str], output: str, comm: Comm | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+          drop_loss_mask: bool = False) -> MergeResult:
+    """Concatenate datasets of one format (Megatron prefixes, ``.pbin`` or ``.ds`` files) into ``output``."""
     _check_inputs(inputs, output, "merge")
-    kinds = {is_pbin(p) for p in inputs + [output]}
+    kinds = {_kind(p) for p in inputs + [output]}
     if len(kinds) > 1:
-        raise MegacacheError("merge: the inputs and the output must all be .pbin files or all Megatron prefixes; "
-                             "megacache convert changes the format")
-    return _copy(inputs, output, comm or get_comm(), chunk_bytes, None, "merge")
+        raise MegacacheError("merge: the inputs and the output must all be .pbin files, all .ds files or all "
+                             "Megatron prefixes; megacache convert changes the format")
+    return _copy(inputs, output, comm or get_comm(), chunk_bytes, None, "merge", drop_loss_mask)
 
 
 def convert(source: str, output: str, comm: Comm | None = None, vocab_size: int | None = None,
-            chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> MergeResult:
-    """A Megatron prefix as a ``.pbin``, or a ``.pbin`` as a Megatron prefix. ``vocab_size`` picks
-    the output's token size by the output format's rule; without it the source's tokens decide."""
+            chunk_bytes: int = DEFAULT_CHUNK_BYTES, drop_loss_mask: bool = False) -> MergeResult:
+    """One dataset in another format: a Megatron prefix, a ``.pbin`` (Modalities) or a ``.ds``
+    (datatrove). ``vocab_size`` picks the output's token size by the output format's rule; without
+    it the source's tokens decide. A ``.ds.loss`` mask is not carried: a mask that masks a token is
+    refused unless ``drop_loss_mask``."""
     _check_inputs([source], output, "convert")
-    if is_pbin(source) == is_pbin(output):
-        kind = "both .pbin files" if is_pbin(source) else "both Megatron prefixes"
-        raise MegacacheError(f"convert: {source} and {output} are {kind}; one must end in .pbin (Modalities) and "
-                             "the other name a Megatron prefix (megacache merge copies within a format)")
-    return _copy([source], output, comm or get_comm(), chunk_bytes, vocab_size, "convert")
+    if _kind(source) == _kind(output):
+        raise MegacacheError(f"convert: {source} and {output} are in one format ({_NAMES[_kind(source)]}); give "
+                             "the output in another: a path ending in .pbin (Modalities), in .ds (datatrove), or a "
+                             "Megatron prefix (megacache merge copies within a format)")
+    return _copy([source], output, comm or get_comm(), chunk_bytes, vocab_size, "convert", drop_loss_mask)

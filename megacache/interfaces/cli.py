@@ -98,23 +98,30 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
 
 
 def _copy_summary(verb: str, r) -> str:
+    from ..formats.datatrove import is_ds
     from ..formats.pbin import is_pbin
 
-    if is_pbin(r.output):
+    if is_pbin(r.output) or is_ds(r.output):
         line = (f"megacache {verb}: {r.inputs} dataset(s) -> {r.output}: {r.documents:,} documents, "
                 f"{r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
         if r.joined:
-            line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); a .pbin "
-                     "document is one run of tokens, so each became one")
-        return line
-    return (f"megacache {verb}: {r.inputs} dataset(s) -> {r.output}.bin/.idx: {r.documents:,} documents, "
-            f"{r.sequences:,} sequences, {r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
+            line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); a "
+                     f"{'.ds' if is_ds(r.output) else '.pbin'} document is one run of tokens, so each became one")
+    else:
+        line = (f"megacache {verb}: {r.inputs} dataset(s) -> {r.output}.bin/.idx: {r.documents:,} documents, "
+                f"{r.sequences:,} sequences, {r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
+    if r.loss_masks:
+        line += (f"\n  {r.loss_masks} input(s) had a .ds.loss mask, not carried (no output format holds one): "
+                 + ("--drop-loss-mask: the tokens were written without it, masked ones too" if r.loss_masks_dropped
+                    else "it masked no token, so nothing was lost"))
+    return line
 
 
 def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
     from ..builders.merge import merge
 
-    r = merge(args.prefixes, args.output_prefix, comm, chunk_bytes=args.chunk_bytes)
+    r = merge(args.prefixes, args.output_prefix, comm, chunk_bytes=args.chunk_bytes,
+              drop_loss_mask=args.drop_loss_mask)
     if comm.rank == 0:
         print(_copy_summary("merge", r), flush=True)
 
@@ -122,7 +129,8 @@ def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
 def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
     from ..builders.merge import convert
 
-    r = convert(args.source, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes)
+    r = convert(args.source, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes,
+                drop_loss_mask=args.drop_loss_mask)
     if comm.rank == 0:
         print(_copy_summary("convert", r), flush=True)
 
@@ -398,7 +406,8 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     from ..formats.indexed import bin_path, idx_path
     from ..formats.pbin import is_pbin
     from ..megatron.versions import resolve
-    from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_pbin
+    from ..formats.datatrove import is_ds
+    from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_ds, verify_pbin
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     started = time.perf_counter()
@@ -418,8 +427,8 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
         return os.path.isdir(path) and not (os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)))
 
     def check_dataset(path: str) -> tuple[str, str, list[str]]:
-        if is_pbin(path):
-            problems, summary = verify_pbin(path, vocab_size=args.vocab_size)
+        if is_pbin(path) or is_ds(path):
+            problems, summary = (verify_ds if is_ds(path) else verify_pbin)(path, vocab_size=args.vocab_size)
             return path, summary, problems
         prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
         problems = verify_dataset(prefix, vocab_size=args.vocab_size)
@@ -622,31 +631,38 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print each split's full description (with --dry-run: also each file and whether it is there)")
     p.set_defaults(func=_cmd_build)
 
-    p = sub.add_parser("merge", help="concatenate datasets in the order given (Megatron prefixes, or .pbin files)")
-    p.add_argument("prefixes", nargs="+", metavar="PREFIX|FILE.pbin",
-                   help="the datasets to concatenate, in order: Megatron prefixes, or .pbin files")
-    p.add_argument("--output-prefix", required=True, metavar="PREFIX|FILE.pbin", type=nonempty,
-                   help="the merged dataset's own prefix (PREFIX.bin/.idx) or .pbin file, in the inputs' format "
-                        "(unlike tokenize's --output-prefix, nothing is appended to it)")
+    drop_loss = ("write a .ds input's tokens although its .ds.loss mask masks some of them (no output format holds "
+                 "a loss mask; without this flag such an input is refused, and an all-ones mask passes)")
+    p = sub.add_parser("merge", help="concatenate datasets in the order given (Megatron prefixes, .pbin or .ds files)")
+    p.add_argument("prefixes", nargs="+", metavar="PREFIX|FILE.pbin|FILE.ds",
+                   help="the datasets to concatenate, in order: Megatron prefixes, .pbin files or datatrove .ds files")
+    p.add_argument("--output-prefix", required=True, metavar="PREFIX|FILE.pbin|FILE.ds", type=nonempty,
+                   help="the merged dataset's own prefix (PREFIX.bin/.idx), .pbin or .ds file, in the inputs' "
+                        "format (unlike tokenize's --output-prefix, nothing is appended to it)")
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
+    p.add_argument("--drop-loss-mask", action="store_true", help=drop_loss)
     p.set_defaults(func=_cmd_merge)
 
-    p = sub.add_parser("convert", help="a Megatron dataset as a Modalities .pbin, or a .pbin as a Megatron dataset")
-    p.add_argument("source", metavar="SRC", help="a Megatron prefix, or a path ending in .pbin")
-    p.add_argument("destination", metavar="DST", help="the other format: a path ending in .pbin, or a Megatron prefix")
+    p = sub.add_parser("convert", help="a dataset in another format: Megatron's .bin/.idx, Modalities' .pbin, "
+                                       "datatrove's .ds")
+    p.add_argument("source", metavar="SRC", help="a Megatron prefix, or a path ending in .pbin or .ds")
+    p.add_argument("destination", metavar="DST",
+                   help="another format: a path ending in .pbin or .ds, or a Megatron prefix")
     p.add_argument("--vocab-size", type=positive,
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's), "
                         "which here chooses the output's token size by its format's rule (Megatron: uint16 "
-                        "below 65500, else int32; .pbin: the bytes log2(vocab) bits take, 3 as 4); default: the "
-                        "source's tokens decide (uint16 <-> 2 bytes, int32 <-> 4 bytes, 1-byte .pbin -> uint16)")
+                        "below 65500, else int32; .pbin: the bytes log2(vocab) bits take, 3 as 4; .ds: 2 bytes "
+                        "up to 65536, else 4); default: the source's tokens decide (uint16 <-> 2 bytes, int32 "
+                        "<-> 4 bytes, 1-byte .pbin -> uint16 or a 2-byte .ds)")
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
+    p.add_argument("--drop-loss-mask", action="store_true", help=drop_loss)
     p.set_defaults(func=_cmd_convert)
 
-    p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin) and cache directories for consistency; "
+    p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin, .ds) and cache directories for consistency; "
                                       "exit 0 only if all hold; under mpiexec/srun the ranks share the datasets "
                                       "and entries and each checks a slice of every blend")
-    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|CACHE_DIR",
-                   help="a dataset prefix (or its .idx/.bin), a .pbin file, or a cache directory")
+    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|FILE.ds|CACHE_DIR",
+                   help="a dataset prefix (or its .idx/.bin), a .pbin or .ds file, or a cache directory")
     p.add_argument("--vocab-size", type=positive,
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's): "
                         "here, also check that every token id is below it")
@@ -656,7 +672,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="summarize dataset prefixes or cache directories; exit 2 on an "
                                        "incomplete or altered cache entry")
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="a dataset prefix (or its .idx/.bin) or a cache directory")
+                   help="a dataset prefix (or its .idx/.bin), a .pbin or .ds file, or a cache directory")
     _add_version_arg(p)
     p.set_defaults(func=_cmd_inspect)
 

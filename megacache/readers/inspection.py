@@ -22,6 +22,7 @@ from ..algorithms.splits import split_ranges
 from ..algorithms.blocks import BLOCK, first_bad
 from ..errors import MegacacheError
 from ..megatron.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
+from ..formats.datatrove import DsFile, is_ds
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from ..formats.npy import load_npy
 from ..formats.pbin import PackedFile, is_pbin
@@ -361,12 +362,36 @@ def format_pbin(path: str) -> str:
     ])
 
 
+def format_ds(path: str) -> str:
+    f = DsFile(path)
+    docs, tokens = f.document_count, f.token_count
+    shortest, longest, empty, masked = None, 0, 0, 0
+    for a in range(0, docs, BLOCK):
+        lengths = np.diff(f.ends(a, min(docs, a + BLOCK)))
+        shortest = int(lengths.min()) if shortest is None else min(shortest, int(lengths.min()))
+        longest = max(longest, int(lengths.max()))
+        empty += len(lengths) - int(np.count_nonzero(lengths))
+    for a in range(0, tokens if f.loss is not None else 0, BLOCK):
+        masked += int(np.count_nonzero(np.asarray(f.loss[a : a + BLOCK]) == 0))
+    width = f"{f.token_size}-byte tokens" + (f" (tokenizer {f.tokenizer})" if f.tokenizer else
+                                             " (no .metadata: width from the data's size over the last end)")
+    return "\n".join([
+        f"datatrove file {path} (.ds)",
+        f"  {width}, {docs:,} documents, {tokens:,} tokens",
+        (f"  document length min {shortest or 0:,} / mean {tokens / docs if docs else 0:,.2f} / max {longest:,}; "
+         f"{empty:,} empty"),
+        f"  loss mask {f.loss_file}: {masked:,} token(s) masked" if f.loss_file else "  no loss mask",
+    ])
+
+
 def inspect_path(path: str, megatron_version: str | None = None) -> Report:
-    """A ``.pbin`` file, a dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a
+    """A ``.pbin`` or ``.ds`` file, a dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a
     cache directory (its tokenizer identities read as ``megatron_version``'s flags; default as
     ``versions.resolve``)."""
     if is_pbin(path):
         return Report(format_pbin(path), [])
+    if is_ds(path):
+        return Report(format_ds(path), [])
     prefix = path[:-4] if path.endswith((".idx", ".bin")) and os.path.isfile(path) else path
     # Checked before the directory case: Megatron's default cache dir makes the prefix a directory too.
     if os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)):

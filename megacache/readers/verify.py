@@ -1,4 +1,4 @@
-"""``megacache verify``: full consistency checks of a dataset (``.bin/.idx`` or ``.pbin``) or a cache directory.
+"""``megacache verify``: full consistency checks of a dataset (``.bin/.idx``, ``.pbin``, ``.ds``) or a cache directory.
 
 Megatron's reader checks little beyond the header (docs/megatron.md §1.5); a truncated ``.bin``
 or shuffled boundaries load fine and train on garbage, and so does a cache whose arrays were
@@ -26,6 +26,7 @@ from ..algorithms.verification import (
 )
 from ..builders.gpt import array_shapes
 from ..errors import FormatError, MegacacheError
+from ..formats.datatrove import DsFile
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from ..formats.npy import load_npy
 from ..formats.pbin import PackedFile, expected_offsets
@@ -128,6 +129,28 @@ def verify_pbin(path: str, vocab_size: int | None = None) -> tuple[list[str], st
                 return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size "
                         f"{vocab_size}"], ""
     return [], f"{path}: {f.document_count:,} documents, {total:,} tokens ({f.token_size}-byte tokens)"
+
+
+def verify_ds(path: str, vocab_size: int | None = None) -> tuple[list[str], str]:
+    """Every problem of a datatrove ``.ds`` (none when sound), and its summary line: the sizes of
+    the data, index and loss mask, the width, every document end (non-decreasing, covering the
+    data), tokens in the vocabulary. Read a block at a time."""
+    try:
+        f = DsFile(path)
+        for a in range(0, f.document_count, BLOCK):
+            f.ends(a, min(f.document_count, a + BLOCK))
+    except FormatError as exc:
+        return [str(exc)], ""
+    if vocab_size is not None:
+        for a in range(0, f.token_count, BLOCK):
+            block = np.asarray(f.tokens[a : a + BLOCK])
+            bad = first_bad(block >= vocab_size)
+            if bad is not None:
+                return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size "
+                        f"{vocab_size}"], ""
+    mask = ", a loss mask" if f.loss_file else ""
+    return [], (f"{path}: {f.document_count:,} documents, {f.token_count:,} tokens ({f.token_size}-byte tokens"
+                f"{mask}; datatrove .ds)")
 
 
 def summarize_dataset(prefix: str) -> str:

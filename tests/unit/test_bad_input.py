@@ -190,9 +190,11 @@ CASES = [
     case("merge-duplicate-prefix", lambda w: w.merge(w.good, w.good),
          "merge: input given more than once: {t}/good"),
     case("merge-mixed-formats", lambda w: ["merge", w.good, f"{w.t}/x.pbin", "--output-prefix", f"{w.out}/m"],
-         "merge: the inputs and the output must all be .pbin files or all Megatron prefixes; megacache convert"),
+         "merge: the inputs and the output must all be .pbin files, all .ds files or all Megatron prefixes; "
+         "megacache convert"),
     case("convert-same-format", lambda w: ["convert", w.good, f"{w.out}/copy"],
-         "convert: {t}/good and", "are both Megatron prefixes; one must end in .pbin"),
+         "convert: {t}/good and", "are in one format (Megatron prefix); give the output in another: a "
+         "path ending in .pbin (Modalities), in .ds (datatrove)"),
     case("convert-missing-pbin", lambda w: ["convert", f"{w.t}/none.pbin", f"{w.out}/back"],
          "{t}/none.pbin: no such .pbin file"),
     case("merge-missing-prefix", lambda w: w.merge(w.good, f"{w.t}/nope"), "{t}/nope.idx: index file not found"),
