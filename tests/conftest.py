@@ -63,6 +63,17 @@ def modalities():
     return oracle
 
 
+@pytest.fixture(scope="session")
+def datatrove():
+    """The .ds oracle: the datatrove package, 0.10.1 (its tokenizer step and reader, tests/support/datatrove.py)."""
+    from importlib.metadata import version
+
+    assert version("datatrove") == "0.10.1", version("datatrove")
+    from support import datatrove as oracle
+
+    return oracle
+
+
 @pytest.fixture(autouse=True)
 def library_logging():
     """Each test starts from the library's logging as an importing program finds it (no handler,

@@ -31,6 +31,9 @@ pip_install -e '.[test]'
 # The .pbin oracle, without its training stack (wandb, omegaconf, ...): its packer and readers need
 # only what .[test] installed.
 pip_install --no-deps modalities==0.5.0
+# The .ds oracle, the same way: its tokenizer step and reader need tokenizers, numpy, torch, fsspec
+# and huggingface-hub (all above) and loguru and humanize (the test extra), not its processing stack.
+pip_install --no-deps datatrove==0.10.1
 # A one-node Slurm for tests/system/test_slurm.py (installs slurm-wlm + munge with apt-get). Where
 # that is possible (root, Debian) a failed start fails the run; elsewhere the test skips, saying why.
 # GlusterFS for the cluster tier (tests/cluster): the same rule.

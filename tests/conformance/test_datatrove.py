@@ -1,0 +1,105 @@
+"""datatrove's .ds: what its DocumentTokenizer writes converts to the Megatron dataset megacache's own
+tokenize writes for the same documents, byte for byte, on 1 to 3 ranks; a Megatron dataset converts
+to the .ds files datatrove writes, which its reader serves as the same documents; a loss mask that
+masks tokens is not dropped silently. Damaged files: tests/unit/test_bad_input.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from support.corpus import documents, file_bytes, run_megacache, write_jsonl
+from support.tokenizer_files import write_pbin_tokenizers
+
+EOS = "<|endoftext|>"
+#: tokenizer -> (datatrove's width, Megatron's dtype): 2,002 ids; 70,002 ids (above 65,536 both widen)
+WIDTHS = {"bytes2": (2, np.uint16), "words4": (4, np.int32)}
+
+
+def texts(kind: str) -> list[str]:
+    if kind == "words4":
+        rng = np.random.default_rng(4)
+        return [" ".join(f"w{w}" for w in rng.integers(0, 70_000, size=rng.integers(1, 40))) for _ in range(200)]
+    # datatrove gives a document without tokens its EOS, Megatron's tools nothing (docs/datatrove.md §2)
+    return [d for d in documents(400) if d.strip()]
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory, datatrove):
+    """Per tokenizer: the documents, datatrove's .ds of them (with its all-ones loss mask) and megacache
+    tokenize's Megatron dataset of them (EOD appended, as datatrove's eos_token does)."""
+    root = tmp_path_factory.mktemp("datatrove")
+    tokenizers = write_pbin_tokenizers(root / "tokenizers")
+    out = {}
+    for kind in WIDTHS:
+        docs = texts(kind)
+        folder = root / kind
+        ds = datatrove.tokenize(docs, str(tokenizers[kind] / "tokenizer.json"), str(folder), eos=EOS, loss=True)
+        write_jsonl(str(root / f"{kind}.jsonl"), docs)
+        run_megacache(1, "tokenize", "--input", str(root / f"{kind}.jsonl"), "--output-prefix", str(root / kind),
+                      "--tokenizer", str(tokenizers[kind]), "--append-eod")
+        out[kind] = (docs, ds, str(root / f"{kind}_text_document"))
+    return out
+
+
+CASES = [("bytes2", 1), ("bytes2", 2), ("bytes2", 3), ("words4", 2)]
+
+
+@pytest.mark.parametrize("kind,ranks", CASES, ids=[f"{k}-P{r}" for k, r in CASES])
+def test_datatrove_files_convert_to_megacaches_tokenize_and_back(tmp_path, corpora, datatrove, kind, ranks):
+    docs, theirs, tokenized = corpora[kind]
+    width, dtype = WIDTHS[kind]
+    run = run_megacache(ranks, "convert", theirs, str(tmp_path / "megatron"), "--chunk-bytes", "4K")
+    assert file_bytes(str(tmp_path / "megatron")) == file_bytes(tokenized)
+    assert f"{len(docs):,} documents, {len(docs):,} sequences" in run.stdout
+    assert "had a .ds.loss mask, not carried" in run.stdout and "it masked no token" in run.stdout
+
+    os.makedirs(tmp_path / "back")
+    ours = str(tmp_path / "back" / "corpus.ds")
+    run_megacache(ranks, "convert", tokenized, ours, "--chunk-bytes", "4K")
+    for suffix in ("", ".index"):  # the files datatrove wrote; its .metadata names its tokenizer, ours "unknown"
+        with open(theirs + suffix, "rb") as a, open(ours + suffix, "rb") as b:
+            assert a.read() == b.read(), suffix
+    with open(ours + ".metadata") as f:
+        assert f.read().splitlines()[:2] == [f"unknown|{width}", str(os.path.getsize(ours) // width)]
+    served = datatrove.documents(str(tmp_path / "back"), width)
+    stream = np.fromfile(tokenized + ".bin", dtype=dtype)
+    lengths = np.fromfile(tokenized + ".idx", dtype=np.int32, count=len(docs), offset=34)  # one sequence a document
+    want = np.split(stream, np.cumsum(lengths)[:-1])
+    assert len(served) == len(docs) and all(np.array_equal(s, w) for s, w in zip(served, want))
+
+    if ranks == 3:  # and through Modalities' format, the same dataset comes back
+        run_megacache(ranks, "convert", theirs, str(tmp_path / "x.pbin"), "--chunk-bytes", "4K")
+        run_megacache(ranks, "convert", str(tmp_path / "x.pbin"), str(tmp_path / "again.ds"), "--chunk-bytes", "4K")
+        with open(theirs, "rb") as a, open(tmp_path / "again.ds", "rb") as b:
+            assert a.read() == b.read()
+
+
+def test_a_loss_mask_that_masks_tokens_is_refused_unless_dropped(tmp_path, corpora):
+    _, theirs, tokenized = corpora["bytes2"]
+    masked = str(tmp_path / "masked.ds")
+    for suffix in ("", ".index", ".loss"):
+        shutil.copyfile(theirs + suffix, masked + suffix)
+    with open(masked + ".loss", "r+b") as f:  # what datatrove writes for a document's no_loss_ranges
+        f.seek(1000)
+        f.write(bytes(5))
+    run = run_megacache(2, "convert", masked, str(tmp_path / "out"), "--chunk-bytes", "4K", check=False)
+    assert run.returncode == 2 and f"{masked}.loss: token 1000 (document " in run.stderr, run.stderr
+    assert "--drop-loss-mask" in run.stderr
+    left = sorted(os.path.relpath(os.path.join(d, n), tmp_path) for d, _, names in os.walk(tmp_path) for n in names)
+    assert [n for n in left if not n.startswith(".megacache/")] == ["masked.ds", "masked.ds.index", "masked.ds.loss"]
+    run = run_megacache(2, "convert", masked, str(tmp_path / "out"), "--chunk-bytes", "4K", "--drop-loss-mask")
+    assert "--drop-loss-mask: the tokens were written without it, masked ones too" in run.stdout
+    assert file_bytes(str(tmp_path / "out")) == file_bytes(tokenized)
+
+
+def test_verify_and_inspect_read_datatrove_files(corpora):
+    docs, theirs, _ = corpora["words4"]
+    run = run_megacache(2, "verify", theirs, "--vocab-size", "70002")
+    assert f"ok   {theirs}: {len(docs):,} documents" in run.stdout and "(4-byte tokens, a loss mask; datatrove" in run.stdout
+    run = run_megacache(1, "inspect", theirs)
+    assert "datatrove file" in run.stdout and "4-byte tokens (tokenizer " in run.stdout
+    assert f"{len(docs):,} documents" in run.stdout and "0 token(s) masked" in run.stdout
