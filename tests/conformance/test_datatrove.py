@@ -11,6 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
+from megacache.interfaces.cli import main
 from support.corpus import documents, file_bytes, run_megacache, write_jsonl
 from support.tokenizer_files import write_pbin_tokenizers
 
@@ -27,39 +28,53 @@ def texts(kind: str) -> list[str]:
     return [d for d in documents(400) if d.strip()]
 
 
+@pytest.fixture
+def megacache(capsys):
+    """``megacache ARGS`` on ``ranks`` ranks: one rank in this process (no interpreter to start), more
+    under mpiexec. Returns the exit code and what it printed."""
+    def run(ranks: int, *args: str, check: bool = True) -> tuple[int, str, str]:
+        if ranks > 1:
+            proc = run_megacache(ranks, *args, check=check)
+            return proc.returncode, proc.stdout, proc.stderr
+        code = main(list(args))
+        out = capsys.readouterr()
+        assert code == 0 or not check, out.out + out.err
+        return code, out.out, out.err
+    return run
+
+
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory, datatrove):
     """Per tokenizer: the documents, datatrove's .ds of them (with its all-ones loss mask) and megacache
     tokenize's Megatron dataset of them (EOD appended, as datatrove's eos_token does)."""
     root = tmp_path_factory.mktemp("datatrove")
     tokenizers = write_pbin_tokenizers(root / "tokenizers")
-    out = {}
+    docs = {kind: texts(kind) for kind in WIDTHS}
+    made = datatrove.tokenize([dict(texts=docs[kind], tokenizer=str(tokenizers[kind] / "tokenizer.json"),
+                                    folder=str(root / kind), eos=EOS, loss=True) for kind in WIDTHS])
     for kind in WIDTHS:
-        docs = texts(kind)
-        folder = root / kind
-        ds = datatrove.tokenize(docs, str(tokenizers[kind] / "tokenizer.json"), str(folder), eos=EOS, loss=True)
-        write_jsonl(str(root / f"{kind}.jsonl"), docs)
+        write_jsonl(str(root / f"{kind}.jsonl"), docs[kind])
         run_megacache(1, "tokenize", "--input", str(root / f"{kind}.jsonl"), "--output-prefix", str(root / kind),
                       "--tokenizer", str(tokenizers[kind]), "--append-eod")
-        out[kind] = (docs, ds, str(root / f"{kind}_text_document"))
-    return out
+    return {kind: (docs[kind], ds, str(root / f"{kind}_text_document")) for kind, ds in zip(WIDTHS, made)}
 
 
 CASES = [("bytes2", 1), ("bytes2", 2), ("bytes2", 3), ("words4", 2)]
 
 
 @pytest.mark.parametrize("kind,ranks", CASES, ids=[f"{k}-P{r}" for k, r in CASES])
-def test_datatrove_files_convert_to_megacaches_tokenize_and_back(tmp_path, corpora, datatrove, kind, ranks):
+def test_datatrove_files_convert_to_megacaches_tokenize_and_back(tmp_path, corpora, datatrove, megacache, kind,
+                                                                  ranks):
     docs, theirs, tokenized = corpora[kind]
     width, dtype = WIDTHS[kind]
-    run = run_megacache(ranks, "convert", theirs, str(tmp_path / "megatron"), "--chunk-bytes", "4K")
+    _, out, _ = megacache(ranks, "convert", theirs, str(tmp_path / "megatron"), "--chunk-bytes", "4K")
     assert file_bytes(str(tmp_path / "megatron")) == file_bytes(tokenized)
-    assert f"{len(docs):,} documents, {len(docs):,} sequences" in run.stdout
-    assert "had a .ds.loss mask, not carried" in run.stdout and "it masked no token" in run.stdout
+    assert f"{len(docs):,} documents, {len(docs):,} sequences" in out
+    assert "had a .ds.loss mask, not carried" in out and "it masked no token" in out
 
     os.makedirs(tmp_path / "back")
     ours = str(tmp_path / "back" / "corpus.ds")
-    run_megacache(ranks, "convert", tokenized, ours, "--chunk-bytes", "4K")
+    megacache(ranks, "convert", tokenized, ours, "--chunk-bytes", "4K")
     for suffix in ("", ".index"):  # the files datatrove wrote; its .metadata names its tokenizer, ours "unknown"
         with open(theirs + suffix, "rb") as a, open(ours + suffix, "rb") as b:
             assert a.read() == b.read(), suffix
@@ -71,14 +86,14 @@ def test_datatrove_files_convert_to_megacaches_tokenize_and_back(tmp_path, corpo
     want = np.split(stream, np.cumsum(lengths)[:-1])
     assert len(served) == len(docs) and all(np.array_equal(s, w) for s, w in zip(served, want))
 
-    if ranks == 3:  # and through Modalities' format, the same dataset comes back
-        run_megacache(ranks, "convert", theirs, str(tmp_path / "x.pbin"), "--chunk-bytes", "4K")
-        run_megacache(ranks, "convert", str(tmp_path / "x.pbin"), str(tmp_path / "again.ds"), "--chunk-bytes", "4K")
+    if ranks == 1:  # and through Modalities' format, the same dataset comes back
+        megacache(1, "convert", theirs, str(tmp_path / "x.pbin"), "--chunk-bytes", "4K")
+        megacache(1, "convert", str(tmp_path / "x.pbin"), str(tmp_path / "again.ds"), "--chunk-bytes", "4K")
         with open(theirs, "rb") as a, open(tmp_path / "again.ds", "rb") as b:
             assert a.read() == b.read()
 
 
-def test_a_loss_mask_that_masks_tokens_is_refused_unless_dropped(tmp_path, corpora):
+def test_a_loss_mask_that_masks_tokens_is_refused_unless_dropped(tmp_path, corpora, megacache):
     _, theirs, tokenized = corpora["bytes2"]
     masked = str(tmp_path / "masked.ds")
     for suffix in ("", ".index", ".loss"):
@@ -86,20 +101,19 @@ def test_a_loss_mask_that_masks_tokens_is_refused_unless_dropped(tmp_path, corpo
     with open(masked + ".loss", "r+b") as f:  # what datatrove writes for a document's no_loss_ranges
         f.seek(1000)
         f.write(bytes(5))
-    run = run_megacache(2, "convert", masked, str(tmp_path / "out"), "--chunk-bytes", "4K", check=False)
-    assert run.returncode == 2 and f"{masked}.loss: token 1000 (document " in run.stderr, run.stderr
-    assert "--drop-loss-mask" in run.stderr
+    code, _, err = megacache(2, "convert", masked, str(tmp_path / "out"), "--chunk-bytes", "4K", check=False)
+    assert code == 2 and f"{masked}.loss: token 1000 (document " in err and "--drop-loss-mask" in err, err
     left = sorted(os.path.relpath(os.path.join(d, n), tmp_path) for d, _, names in os.walk(tmp_path) for n in names)
     assert [n for n in left if not n.startswith(".megacache/")] == ["masked.ds", "masked.ds.index", "masked.ds.loss"]
-    run = run_megacache(2, "convert", masked, str(tmp_path / "out"), "--chunk-bytes", "4K", "--drop-loss-mask")
-    assert "--drop-loss-mask: the tokens were written without it, masked ones too" in run.stdout
+    _, out, _ = megacache(1, "convert", masked, str(tmp_path / "out"), "--chunk-bytes", "4K", "--drop-loss-mask")
+    assert "--drop-loss-mask: the tokens were written without it, masked ones too" in out
     assert file_bytes(str(tmp_path / "out")) == file_bytes(tokenized)
 
 
-def test_verify_and_inspect_read_datatrove_files(corpora):
+def test_verify_and_inspect_read_datatrove_files(corpora, megacache):
     docs, theirs, _ = corpora["words4"]
-    run = run_megacache(2, "verify", theirs, "--vocab-size", "70002")
-    assert f"ok   {theirs}: {len(docs):,} documents" in run.stdout and "(4-byte tokens, a loss mask; datatrove" in run.stdout
-    run = run_megacache(1, "inspect", theirs)
-    assert "datatrove file" in run.stdout and "4-byte tokens (tokenizer " in run.stdout
-    assert f"{len(docs):,} documents" in run.stdout and "0 token(s) masked" in run.stdout
+    _, out, _ = megacache(1, "verify", theirs, "--vocab-size", "70002")
+    assert f"ok   {theirs}: {len(docs):,} documents" in out and "(4-byte tokens, a loss mask; datatrove .ds)" in out
+    _, out, _ = megacache(1, "inspect", theirs)
+    assert "datatrove file" in out and "4-byte tokens (tokenizer " in out
+    assert f"{len(docs):,} documents" in out and "0 token(s) masked" in out

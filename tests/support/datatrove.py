@@ -15,22 +15,21 @@ _TOKENIZE = """
 import json, sys
 from datatrove.data import Document
 from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer
-a = json.load(sys.stdin)
-docs = [Document(text=t, id=str(i)) for i, t in enumerate(a["texts"])]
-DocumentTokenizer(a["folder"], a["tokenizer"], eos_token=a["eos"], save_filename=a["name"], batch_size=a["batch"],
-                  shuffle_documents=False, save_loss_metadata=a["loss"]).run(iter(docs), rank=0, world_size=1)
+for a in json.load(sys.stdin):
+    docs = [Document(text=t, id=str(i)) for i, t in enumerate(a["texts"])]
+    DocumentTokenizer(a["folder"], a["tokenizer"], eos_token=a["eos"], save_filename="corpus", batch_size=97,
+                      shuffle_documents=False, save_loss_metadata=a["loss"]).run(iter(docs), rank=0, world_size=1)
 """
 
 
-def tokenize(texts: list[str], tokenizer_json: str, folder: str, name: str = "corpus", eos: str = "<|endoftext|>",
-             loss: bool = False, batch: int = 97) -> str:
-    """What datatrove's DocumentTokenizer writes for ``texts`` (in order, EOS after each document):
-    the path of its ``.ds``."""
-    args = dict(texts=texts, tokenizer=tokenizer_json, folder=folder, name=name, eos=eos, loss=loss, batch=batch)
-    proc = subprocess.run([sys.executable, "-c", _TOKENIZE], input=json.dumps(args), capture_output=True, text=True,
+def tokenize(jobs: list[dict]) -> list[str]:
+    """What datatrove's DocumentTokenizer writes for each job's ``texts`` (in order, EOS ``eos`` after
+    each document, with its loss mask if ``loss``) into its ``folder``, from the Hugging Face
+    ``tokenizer`` file: the path of each ``.ds``."""
+    proc = subprocess.run([sys.executable, "-c", _TOKENIZE], input=json.dumps(jobs), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return f"{folder}/{name}_00000_unshuffled.ds"
+    return [f"{job['folder']}/corpus_00000_unshuffled.ds" for job in jobs]
 
 
 def documents(folder: str, token_size: int) -> list[np.ndarray]:
