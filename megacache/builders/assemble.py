@@ -20,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..algorithms.blocks import first_bad
 from ..runtime.comm import Comm
 from ..errors import MegacacheError
 from ..formats import pickled_pairs
@@ -78,9 +79,10 @@ def _write_tokens(part: Part, tokens: int, dtype: np.dtype, fd: int, offset: int
                                   dtype=source)
             if len(block) != n:
                 raise MegacacheError(f"{part.token_file}: ends before its index says (truncated file?)")
-            lo, hi = (int(block.min()), int(block.max()))
-            if lo < info.min or hi > info.max:
-                raise MegacacheError(f"{part.token_file}: token {hi if hi > info.max else lo} does not fit "
+            bad = first_bad((block < info.min) | (block > info.max))
+            if bad is not None:
+                at = part.token_offset + (t0 + bad) * source.itemsize
+                raise MegacacheError(f"{part.token_file}: byte {at}: token {int(block[bad])} does not fit "
                                      f"{where}'s {dtype.itemsize}-byte tokens; give a larger --vocab-size")
             pwrite_all(fd, block.astype(dtype), offset + t0 * dtype.itemsize)
     finally:

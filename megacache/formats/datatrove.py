@@ -114,14 +114,13 @@ class DsFile:
             if given not in ("2", "4"):
                 raise FormatError(f"{meta}: line 1 is {first!r}; datatrove writes '<tokenizer>|2' or '<tokenizer>|4'")
             width = int(given)
+        if width is not None and data_bytes != last * width and data_bytes == last * (6 - width):
+            raise FormatError(f"{meta}: says {width}-byte tokens, but {self.path} holds {data_bytes} bytes for the "
+                              f"{last} tokens its index covers: {6 - width}-byte tokens; fix or remove the .metadata")
         if data_bytes % (width or 2):
             raise FormatError(f"{self.path}: {data_bytes} bytes, not a multiple of the token width "
                               f"{width or 2}: the file is truncated at byte {data_bytes - data_bytes % (width or 2)}")
         if width is not None:
-            if data_bytes != last * width and data_bytes == last * (6 - width):
-                raise FormatError(f"{meta}: says {width}-byte tokens, but {self.path} holds {data_bytes} bytes for "
-                                  f"the {last} tokens its index covers: {6 - width}-byte tokens; fix or remove "
-                                  "the .metadata")
             return tokenizer, width
         if last and data_bytes == 4 * last:
             return None, 4

@@ -115,6 +115,25 @@ class Work:
     def merge(self, *prefixes: str) -> list[str]:
         return ["merge", *prefixes, "--output-prefix", f"{self.out}/m"]
 
+    def ds(self, width: int = 2, ends=(3, 5, 9), tokens=None, index: bytes | None = None, data: bytes | None = None,
+           metadata: int | None = None, loss: bytes | None = None) -> str:
+        """``d.ds``, datatrove's tokenized file: 9 tokens of ``width`` bytes (or ``data``), the
+        document ``ends`` (or the raw ``index``), a ``.metadata`` naming ``metadata`` as the width,
+        and a ``.loss`` of ``loss``."""
+        path = f"{self.t}/d.ds"
+        ids = np.arange(9) if tokens is None else np.asarray(tokens)
+        self.file("d.ds", ids.astype(f"<u{width}").tobytes() if data is None else data)
+        self.file("d.ds.index", np.asarray(ends, dtype="<u8").tobytes() if index is None else index)
+        if metadata is not None:
+            self.file("d.ds.metadata", f"gpt2|{metadata}\n9\n9 T")
+        if loss is not None:
+            self.file("d.ds.loss", loss)
+        return path
+
+    def on(self, verb: str, path: str) -> list[str]:
+        """``verb`` (convert, verify) on the dataset ``path``."""
+        return [verb, path, f"{self.out}/m"] if verb == "convert" else [verb, path]
+
 
 @dataclass(frozen=True)
 class Case:
@@ -198,6 +217,40 @@ CASES = [
     case("convert-missing-pbin", lambda w: ["convert", f"{w.t}/none.pbin", f"{w.out}/back"],
          "{t}/none.pbin: no such .pbin file"),
     case("merge-missing-prefix", lambda w: w.merge(w.good, f"{w.t}/nope"), "{t}/nope.idx: index file not found"),
+    # --- datatrove .ds ----------------------------------------------------------------------------
+    *(case(f"{verb}-ds-truncated-index", lambda w, v=verb: w.on(v, w.ds(index=u64(3) + u64(5)[:5])),
+           "{t}/d.ds.index: 13 bytes, not a multiple of 8 (uint64 document ends): the file is truncated at byte 8",
+           report_on_stdout=verb == "verify")
+      for verb in ("convert", "verify")),
+    *(case(f"{verb}-ds-non-monotone-ends", lambda w, v=verb: w.on(v, w.ds(ends=(3, 7, 5, 9))),
+           "{t}/d.ds.index: document 2 ends at token 5, before the end of document 1 (7): the ends must not "
+           "decrease", report_on_stdout=verb == "verify")
+      for verb in ("convert", "verify")),
+    case("convert-ds-end-past-the-data", lambda w: w.on("convert", w.ds(ends=(3, 12, 9))),
+         "{t}/d.ds.index: document 1 ends at token 12, past the 9 tokens of {t}/d.ds"),
+    case("convert-ds-index-past-the-data", lambda w: w.on("convert", w.ds(ends=(3, 5, 11))),
+         "{t}/d.ds.index: document 2 ends at token 11, past the 9 tokens of {t}/d.ds (truncated data?)"),
+    case("convert-ds-index-short-of-the-data", lambda w: w.on("convert", w.ds(ends=(3, 5))),
+         "{t}/d.ds.index: the documents cover 5 of the 9 tokens of {t}/d.ds"),
+    case("convert-ds-wrong-width", lambda w: w.on("convert", w.ds(metadata=4)),
+         "{t}/d.ds.metadata: says 4-byte tokens, but {t}/d.ds holds 18 bytes for the 9 tokens its index covers: "
+         "2-byte tokens"),
+    case("verify-ds-data-not-a-multiple-of-the-width", lambda w: ["verify", w.ds(data=bytes(19))],
+         "{t}/d.ds: 19 bytes, not a multiple of the token width 2: the file is truncated at byte 18",
+         report_on_stdout=True),
+    case("convert-ds-id-too-wide", lambda w: ["convert", w.ds(4, tokens=[1, 2, 70_000] + [0] * 6), f"{w.out}/m",
+                                             "--vocab-size", "1000"],
+         "{t}/d.ds: byte 8: token 70000 does not fit {t}/out/m's 2-byte tokens; give a larger --vocab-size"),
+    case("convert-ds-no-index", lambda w: ["convert", w.file("x.ds", bytes(4)), f"{w.out}/m"],
+         "{t}/x.ds.index: not found; megacache needs the document ends"),
+    case("convert-ds-masked-loss", lambda w: ["convert", w.ds(loss=bytes([1] * 6 + [0] * 3)), f"{w.out}/m"],
+         "{t}/d.ds.loss: token 6 (document 2) is masked from the loss", "--drop-loss-mask"),
+    case("convert-ds-short-loss", lambda w: ["convert", w.ds(loss=bytes([1] * 5)), f"{w.out}/m"],
+         "{t}/d.ds.loss: 5 bytes, but {t}/d.ds holds 9 tokens"),
+    case("merge-ds-mixed-widths", lambda w: (w.file("w.ds.index", u64(2)),  # two 4-byte tokens
+                                             ["merge", w.ds(), w.file("w.ds", bytes(8)), "--output-prefix",
+                                              f"{w.out}/m.ds"])[1],
+         "merge: the .ds files have different token sizes ({t}/d.ds: 2, {t}/w.ds: 4)"),
     case("build-truncated-idx", lambda w: w.build("--data-path", w.damaged(".idx", cut=w.layout.idx_size - 60)),
          "{t}/d.idx: truncated: 60 bytes"),
     case("build-bin-shorter-than-index", lambda w: w.build("--data-path", w.damaged(".bin", cut=10)),
