@@ -644,7 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("convert", help="a dataset in another format: Megatron's .bin/.idx, Modalities' .pbin, "
-                                       "datatrove's .ds")
+                                       "datatrove's .ds (docs/modalities.md, docs/datatrove.md)")
     p.add_argument("source", metavar="SRC", help="a Megatron prefix, or a path ending in .pbin or .ds")
     p.add_argument("destination", metavar="DST",
                    help="another format: a path ending in .pbin or .ds, or a Megatron prefix")
