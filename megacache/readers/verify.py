@@ -134,7 +134,7 @@ def verify_pbin(path: str, vocab_size: int | None = None) -> tuple[list[str], st
 def verify_ds(path: str, vocab_size: int | None = None) -> tuple[list[str], str]:
     """Every problem of a datatrove ``.ds`` (none when sound), and its summary line: the sizes of
     the data, index and loss mask, the width, every document end (non-decreasing, covering the
-    data), tokens in the vocabulary. Read a block at a time."""
+    data), loss bytes 0 or 1, tokens in the vocabulary. Read a block at a time."""
     try:
         f = DsFile(path)
         for a in range(0, f.document_count, BLOCK):
@@ -148,6 +148,10 @@ def verify_ds(path: str, vocab_size: int | None = None) -> tuple[list[str], str]
             if bad is not None:
                 return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size "
                         f"{vocab_size}"], ""
+    for a in range(0, f.token_count if f.loss is not None else 0, BLOCK):
+        bad = first_bad(np.asarray(f.loss[a : a + BLOCK]) > 1)
+        if bad is not None:
+            return [f"{f.loss_file}: byte {a + bad} is {int(f.loss[a + bad])}; a loss mask holds 0 (masked) or 1"], ""
     mask = ", a loss mask" if f.loss_file else ""
     return [], (f"{path}: {f.document_count:,} documents, {f.token_count:,} tokens ({f.token_size}-byte tokens"
                 f"{mask}; datatrove .ds)")

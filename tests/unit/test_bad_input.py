@@ -245,6 +245,8 @@ CASES = [
          "{t}/x.ds.index: not found; megacache needs the document ends"),
     case("convert-ds-masked-loss", lambda w: ["convert", w.ds(loss=bytes([1] * 6 + [0] * 3)), f"{w.out}/m"],
          "{t}/d.ds.loss: token 6 (document 2) is masked from the loss", "--drop-loss-mask"),
+    case("verify-ds-loss-not-a-mask", lambda w: ["verify", w.ds(loss=bytes([1, 1, 7] + [1] * 6))],
+         "{t}/d.ds.loss: byte 2 is 7; a loss mask holds 0 (masked) or 1", report_on_stdout=True),
     case("convert-ds-short-loss", lambda w: ["convert", w.ds(loss=bytes([1] * 5)), f"{w.out}/m"],
          "{t}/d.ds.loss: 5 bytes, but {t}/d.ds holds 9 tokens"),
     case("merge-ds-mixed-widths", lambda w: (w.file("w.ds.index", u64(2)),  # two 4-byte tokens
