@@ -222,9 +222,9 @@ def _load_ds(paths: list[str], opened: dict, chunk: Chunk, count: PartCounts, dr
         if masked is not None:
             token = int(ends[0]) + masked
             d = chunk.doc_start + int(np.searchsorted(ends[1:], token, side="right"))
-            raise MegacacheError(f"{f.loss_file}: token {token} (document {d}) is masked from the loss; Megatron's "
-                                 "and Modalities' formats have no loss mask, so the output would train on it. Pass "
-                                 "--drop-loss-mask to write the tokens without their mask")
+            raise MegacacheError(f"{f.loss_file}: token {token} (document {d}) is masked from the loss; megacache "
+                                 "writes no loss mask (Megatron's and Modalities' formats have none), so the output "
+                                 "would train on it. Pass --drop-loss-mask to write the tokens without their mask")
     lengths = np.diff(ends)
     nonempty = lengths > 0
     return Part(sequence_lengths=lengths[nonempty].astype(np.int32), document_ends=np.cumsum(nonempty, dtype=np.int64),
