@@ -312,26 +312,61 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, vocab_si
                        loss_masks=len(losses), loss_masks_dropped=drop_loss_mask and bool(losses))
 
 
+def _expand_folders(paths: list[str]) -> list[str]:
+    """``paths`` with each folder (one that is not also a Megatron prefix) replaced by the datasets in
+    it, in name order: its ``.ds`` files, its ``.pbin`` files or its Megatron prefixes (``.idx``), the
+    one kind it holds. datatrove names a job's files by zero-padded task number, so name order is
+    its task order."""
+    out = []
+    for path in paths:
+        if not os.path.isdir(path) or os.path.isfile(idx_path(path)):
+            out.append(path)
+            continue
+        names = sorted(os.listdir(path))
+        found = {kind: [os.path.join(path, n) for n in names if n.endswith(suffix)]
+                 for kind, suffix in (("ds", ".ds"), ("pbin", ".pbin"), ("megatron", ".idx"))}
+        found["megatron"] = [idx[:-4] for idx in found["megatron"]]
+        kinds = [kind for kind, files in found.items() if files]
+        if len(kinds) != 1:
+            what = "no" if not kinds else "several kinds of"
+            raise MegacacheError(f"{path}: a folder of {what} datasets (.ds files, .pbin files, Megatron .idx/.bin "
+                                 "prefixes); give a folder of one kind, or the datasets one by one")
+        out += found[kinds[0]]
+    return out
+
+
 def merge(inputs: list[str], output: str, comm: Comm | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
           drop_loss_mask: bool = False) -> MergeResult:
-    """Concatenate datasets of one format (Megatron prefixes, ``.pbin`` or ``.ds`` files) into ``output``."""
+    """Concatenate datasets of one format (Megatron prefixes, ``.pbin`` or ``.ds`` files; a folder
+    stands for the datasets in it) into ``output``."""
+    comm = comm or get_comm()
+    inputs = comm.on_root(lambda: _expand_folders(inputs), "listing the inputs")
     _check_inputs(inputs, output, "merge")
     kinds = {_kind(p) for p in inputs + [output]}
     if len(kinds) > 1:
         raise MegacacheError("merge: the inputs and the output must all be .pbin files, all .ds files or all "
                              "Megatron prefixes; megacache convert changes the format")
-    return _copy(inputs, output, comm or get_comm(), chunk_bytes, None, "merge", drop_loss_mask)
+    return _copy(inputs, output, comm, chunk_bytes, None, "merge", drop_loss_mask)
 
 
-def convert(source: str, output: str, comm: Comm | None = None, vocab_size: int | None = None,
+def convert(sources: str | list[str], output: str, comm: Comm | None = None, vocab_size: int | None = None,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES, drop_loss_mask: bool = False) -> MergeResult:
-    """One dataset in another format: a Megatron prefix, a ``.pbin`` (Modalities) or a ``.ds``
-    (datatrove). ``vocab_size`` picks the output's token size by the output format's rule; without
-    it the source's tokens decide. A ``.ds.loss`` mask is not carried: a mask that masks a token is
+    """Datasets of one format (a folder stands for the datasets in it), in order, as one dataset in
+    another format: a Megatron prefix, a ``.pbin`` (Modalities) or a ``.ds`` (datatrove).
+    ``vocab_size`` picks the output's token size by the output format's rule; without it the
+    sources' tokens decide. A ``.ds.loss`` mask is not carried: a mask that masks a token is
     refused unless ``drop_loss_mask``."""
-    _check_inputs([source], output, "convert")
-    if _kind(source) == _kind(output):
-        raise MegacacheError(f"convert: {source} and {output} are in one format ({_NAMES[_kind(source)]}); give "
+    comm = comm or get_comm()
+    given = [sources] if isinstance(sources, str) else list(sources)
+    inputs = comm.on_root(lambda: _expand_folders(given), "listing the inputs")
+    _check_inputs(inputs, output, "convert")
+    kinds = {_kind(p) for p in inputs}
+    if len(kinds) > 1:
+        raise MegacacheError(f"convert: the inputs must all be of one format, .pbin files, .ds files or Megatron "
+                             f"prefixes; {inputs[0]} and {next(p for p in inputs if _kind(p) != _kind(inputs[0]))} "
+                             "are not")
+    if _kind(inputs[0]) == _kind(output):
+        raise MegacacheError(f"convert: {inputs[0]} and {output} are in one format ({_NAMES[_kind(output)]}); give "
                              "the output in another: a path ending in .pbin (Modalities), in .ds (datatrove), or a "
                              "Megatron prefix (megacache merge copies within a format)")
-    return _copy([source], output, comm or get_comm(), chunk_bytes, vocab_size, "convert", drop_loss_mask)
+    return _copy(inputs, output, comm, chunk_bytes, vocab_size, "convert", drop_loss_mask)

@@ -129,7 +129,7 @@ def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
 def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
     from ..builders.merge import convert
 
-    r = convert(args.source, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes,
+    r = convert(args.sources, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes,
                 drop_loss_mask=args.drop_loss_mask)
     if comm.rank == 0:
         print(_copy_summary("convert", r), flush=True)
@@ -635,7 +635,8 @@ def build_parser() -> argparse.ArgumentParser:
                  "a loss mask; without this flag such an input is refused, and an all-ones mask passes)")
     p = sub.add_parser("merge", help="concatenate datasets in the order given (Megatron prefixes, .pbin or .ds files)")
     p.add_argument("prefixes", nargs="+", metavar="PREFIX|FILE.pbin|FILE.ds",
-                   help="the datasets to concatenate, in order: Megatron prefixes, .pbin files or datatrove .ds files")
+                   help="the datasets to concatenate, in order: Megatron prefixes, .pbin files or datatrove .ds files; "
+                        "a folder stands for the datasets in it, in name order")
     p.add_argument("--output-prefix", required=True, metavar="PREFIX|FILE.pbin|FILE.ds", type=nonempty,
                    help="the merged dataset's own prefix (PREFIX.bin/.idx), .pbin or .ds file, in the inputs' "
                         "format (unlike tokenize's --output-prefix, nothing is appended to it)")
@@ -645,7 +646,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("convert", help="a dataset in another format: Megatron's .bin/.idx, Modalities' .pbin, "
                                        "datatrove's .ds (docs/modalities.md, docs/datatrove.md)")
-    p.add_argument("source", metavar="SRC", help="a Megatron prefix, or a path ending in .pbin or .ds")
+    p.add_argument("sources", nargs="+", metavar="SRC",
+                   help="the datasets to convert, in order, into one: Megatron prefixes, or paths ending in .pbin "
+                        "or .ds, all of one format; a folder stands for the datasets in it, in name order")
     p.add_argument("destination", metavar="DST",
                    help="another format: a path ending in .pbin or .ds, or a Megatron prefix")
     p.add_argument("--vocab-size", type=positive,

@@ -51,7 +51,11 @@ def corpora(tmp_path_factory, datatrove):
     tokenizers = write_pbin_tokenizers(root / "tokenizers")
     docs = {kind: texts(kind) for kind in WIDTHS}
     made = datatrove.tokenize([dict(texts=docs[kind], tokenizer=str(tokenizers[kind] / "tokenizer.json"),
-                                    folder=str(root / kind), eos=EOS, loss=True) for kind in WIDTHS])
+                                    folder=str(root / kind), eos=EOS, loss=True) for kind in WIDTHS] +
+                              # the bytes2 corpus as a job of three tasks writes it, a file per task
+                              [dict(texts=docs["bytes2"][a:b], tokenizer=str(tokenizers["bytes2"] / "tokenizer.json"),
+                                    folder=str(root / "tasks"), eos=EOS, loss=False, rank=rank)
+                               for rank, (a, b) in enumerate([(0, 150), (150, 151), (151, None)])])[:len(WIDTHS)]
     for kind in WIDTHS:
         write_jsonl(str(root / f"{kind}.jsonl"), docs[kind])
         run_megacache(1, "tokenize", "--input", str(root / f"{kind}.jsonl"), "--output-prefix", str(root / kind),
@@ -59,7 +63,8 @@ def corpora(tmp_path_factory, datatrove):
     return {kind: (docs[kind], ds, str(root / f"{kind}_text_document")) for kind, ds in zip(WIDTHS, made)}
 
 
-CASES = [("bytes2", 1), ("bytes2", 2), ("bytes2", 3), ("words4", 2)]
+#: the bytes2 corpus at P = 2: test_a_jobs_files_convert_to_one_dataset
+CASES = [("bytes2", 1), ("bytes2", 3), ("words4", 2)]
 
 
 @pytest.mark.parametrize("kind,ranks", CASES, ids=[f"{k}-P{r}" for k, r in CASES])
@@ -91,6 +96,16 @@ def test_datatrove_files_convert_to_megacaches_tokenize_and_back(tmp_path, corpo
         megacache(1, "convert", str(tmp_path / "x.pbin"), str(tmp_path / "again.ds"), "--chunk-bytes", "4K")
         with open(theirs, "rb") as a, open(tmp_path / "again.ds", "rb") as b:
             assert a.read() == b.read()
+
+
+def test_a_jobs_files_convert_to_one_dataset(tmp_path, corpora, megacache):
+    """A datatrove job writes a .ds per task; the folder of them converts to one dataset, in task order."""
+    docs, theirs, tokenized = corpora["bytes2"]
+    tasks = os.path.join(os.path.dirname(os.path.dirname(theirs)), "tasks")
+    assert len([n for n in os.listdir(tasks) if n.endswith(".ds")]) == 3
+    _, out, _ = megacache(2, "convert", tasks, str(tmp_path / "megatron"), "--chunk-bytes", "4K")
+    assert file_bytes(str(tmp_path / "megatron")) == file_bytes(tokenized)
+    assert f"3 dataset(s) -> {tmp_path / 'megatron'}.bin/.idx: {len(docs):,} documents" in out
 
 
 def test_a_loss_mask_that_masks_tokens_is_refused_unless_dropped(tmp_path, corpora, megacache):

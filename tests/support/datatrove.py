@@ -18,18 +18,20 @@ from datatrove.pipeline.tokens.tokenizer import DocumentTokenizer
 for a in json.load(sys.stdin):
     docs = [Document(text=t, id=str(i)) for i, t in enumerate(a["texts"])]
     DocumentTokenizer(a["folder"], a["tokenizer"], eos_token=a["eos"], save_filename="corpus", batch_size=97,
-                      shuffle_documents=False, save_loss_metadata=a["loss"]).run(iter(docs), rank=0, world_size=1)
+                      shuffle_documents=False, save_loss_metadata=a["loss"]).run(iter(docs), rank=a["rank"],
+                                                                                 world_size=a["rank"] + 1)
 """
 
 
 def tokenize(jobs: list[dict]) -> list[str]:
     """What datatrove's DocumentTokenizer writes for each job's ``texts`` (in order, EOS ``eos`` after
     each document, with its loss mask if ``loss``) into its ``folder``, from the Hugging Face
-    ``tokenizer`` file: the path of each ``.ds``."""
+    ``tokenizer`` file, as its task ``rank`` (default 0): the path of each ``.ds``."""
+    jobs = [dict(job, rank=job.get("rank", 0)) for job in jobs]
     proc = subprocess.run([sys.executable, "-c", _TOKENIZE], input=json.dumps(jobs), capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return [f"{job['folder']}/corpus_00000_unshuffled.ds" for job in jobs]
+    return [f"{job['folder']}/corpus_{job['rank']:05d}_unshuffled.ds" for job in jobs]
 
 
 def documents(folder: str, token_size: int) -> list[np.ndarray]:

@@ -249,6 +249,10 @@ CASES = [
          "{t}/d.ds.loss: byte 2 is 7; a loss mask holds 0 (masked) or 1", report_on_stdout=True),
     case("convert-ds-short-loss", lambda w: ["convert", w.ds(loss=bytes([1] * 5)), f"{w.out}/m"],
          "{t}/d.ds.loss: 5 bytes, but {t}/d.ds holds 9 tokens"),
+    case("convert-folder-without-datasets", lambda w: ["convert", f"{w.t}/in", f"{w.out}/m.ds"],
+         "{t}/in: a folder of no datasets (.ds files, .pbin files, Megatron .idx/.bin prefixes)"),
+    case("convert-mixed-formats", lambda w: ["convert", w.ds(), w.good, f"{w.out}/m.pbin"],
+         "convert: the inputs must all be of one format", "{t}/d.ds and {t}/good are not"),
     case("merge-ds-mixed-widths", lambda w: (w.file("w.ds.index", u64(2)),  # two 4-byte tokens
                                              ["merge", w.ds(), w.file("w.ds", bytes(8)), "--output-prefix",
                                               f"{w.out}/m.ds"])[1],
