@@ -46,21 +46,23 @@ def megacache(capsys):
 @pytest.fixture(scope="module")
 def corpora(tmp_path_factory, datatrove):
     """Per tokenizer: the documents, datatrove's .ds of them (with its all-ones loss mask) and megacache
-    tokenize's Megatron dataset of them (EOD appended, as datatrove's eos_token does)."""
+    tokenize's Megatron dataset of them (EOD appended, as datatrove's eos_token does); and under
+    ``tasks``, the folder of the bytes2 corpus as a job of three tasks writes it, a .ds per task."""
     root = tmp_path_factory.mktemp("datatrove")
     tokenizers = write_pbin_tokenizers(root / "tokenizers")
     docs = {kind: texts(kind) for kind in WIDTHS}
-    made = datatrove.tokenize([dict(texts=docs[kind], tokenizer=str(tokenizers[kind] / "tokenizer.json"),
-                                    folder=str(root / kind), eos=EOS, loss=True) for kind in WIDTHS] +
-                              # the bytes2 corpus as a job of three tasks writes it, a file per task
-                              [dict(texts=docs["bytes2"][a:b], tokenizer=str(tokenizers["bytes2"] / "tokenizer.json"),
-                                    folder=str(root / "tasks"), eos=EOS, loss=False, rank=rank)
-                               for rank, (a, b) in enumerate([(0, 150), (150, 151), (151, None)])])[:len(WIDTHS)]
+    whole = [dict(texts=docs[kind], tokenizer=str(tokenizers[kind] / "tokenizer.json"), folder=str(root / kind),
+                  eos=EOS, loss=True) for kind in WIDTHS]
+    tasks = [dict(texts=docs["bytes2"][a:b], tokenizer=str(tokenizers["bytes2"] / "tokenizer.json"),
+                  folder=str(root / "tasks"), eos=EOS, loss=False, rank=rank)
+             for rank, (a, b) in enumerate([(0, 150), (150, 151), (151, None)])]
+    made = datatrove.tokenize(whole + tasks)
     for kind in WIDTHS:
         write_jsonl(str(root / f"{kind}.jsonl"), docs[kind])
         run_megacache(1, "tokenize", "--input", str(root / f"{kind}.jsonl"), "--output-prefix", str(root / kind),
                       "--tokenizer", str(tokenizers[kind]), "--append-eod")
-    return {kind: (docs[kind], ds, str(root / f"{kind}_text_document")) for kind, ds in zip(WIDTHS, made)}
+    return {**{kind: (docs[kind], ds, str(root / f"{kind}_text_document")) for kind, ds in zip(WIDTHS, made)},
+            "tasks": str(root / "tasks")}
 
 
 #: the bytes2 corpus at P = 2: test_a_jobs_files_convert_to_one_dataset
@@ -100,8 +102,8 @@ def test_datatrove_files_convert_to_megacaches_tokenize_and_back(tmp_path, corpo
 
 def test_a_jobs_files_convert_to_one_dataset(tmp_path, corpora, megacache):
     """A datatrove job writes a .ds per task; the folder of them converts to one dataset, in task order."""
-    docs, theirs, tokenized = corpora["bytes2"]
-    tasks = os.path.join(os.path.dirname(os.path.dirname(theirs)), "tasks")
+    docs, _, tokenized = corpora["bytes2"]
+    tasks = corpora["tasks"]
     assert len([n for n in os.listdir(tasks) if n.endswith(".ds")]) == 3
     _, out, _ = megacache(2, "convert", tasks, str(tmp_path / "megatron"), "--chunk-bytes", "4K")
     assert file_bytes(str(tmp_path / "megatron")) == file_bytes(tokenized)
