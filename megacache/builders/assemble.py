@@ -1,4 +1,4 @@
-"""Parallel in-place assembly of one dataset, Megatron's ``.bin/.idx`` or a ``.pbin``, from ordered parts.
+"""Parallel in-place assembly of one dataset, Megatron's ``.bin/.idx``, a ``.pbin`` or a ``.ds``, from ordered parts.
 
 Tokenize, merge and convert all end here. A *part* is a run of consecutive documents (a tokenized
 work unit, or a chunk of an input dataset). Every rank knows every part's counts (documents,
@@ -238,7 +238,8 @@ def assemble_ds(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts]
 
 
 def discard(output: str, tag: str) -> None:
-    """Remove the temporaries an assembly of ``output`` (a prefix or a ``.pbin``) with this tag may have left."""
+    """Remove the temporaries an assembly of ``output`` (a prefix, a ``.pbin`` or a ``.ds``) with this tag may have
+    left."""
     for path in _files(output):
         remove_quietly(tmp_path(path, tag))
 

@@ -403,10 +403,10 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     import os
     import time
 
+    from ..formats.datatrove import is_ds
     from ..formats.indexed import bin_path, idx_path
     from ..formats.pbin import is_pbin
     from ..megatron.versions import resolve
-    from ..formats.datatrove import is_ds
     from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_ds, verify_pbin
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
