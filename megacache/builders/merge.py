@@ -18,10 +18,10 @@ Memory per rank follows its chunks and windows.
 
 from __future__ import annotations
 
-import math
+import glob
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -43,6 +43,10 @@ _PBIN_SIZE_OF = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int3
 #: a token width -> the .ds dtype, when no --vocab-size says otherwise (a .ds holds 2 or 4 bytes)
 _DS_DTYPE_OF = {1: DS_DTYPES[2], 2: DS_DTYPES[2], 4: DS_DTYPES[4]}
 _NAMES = {"megatron": "Megatron prefix", "pbin": ".pbin file", "ds": ".ds file"}
+_SUFFIXES = {"pbin": ".pbin", "ds": ".ds"}
+#: the token dtypes each output format holds (merge's --dtype)
+_DTYPES_OF = {"megatron": [np.dtype(t) for t in ("uint8", "int8", "uint16", "int16", "int32", "int64")],
+              "pbin": list(TOKEN_DTYPES.values()), "ds": list(DS_DTYPES.values())}
 #: a .pbin token size -> the Megatron dtype, when no --vocab-size says otherwise (Megatron's rule
 #: gives uint16 to every vocabulary a 1- or 2-byte .pbin can hold, except 65500..65536)
 _MEGATRON_DTYPE_OF = {1: np.dtype(np.uint16), 2: np.dtype(np.uint16), 4: np.dtype(np.int32)}
@@ -67,49 +71,72 @@ class MergeResult:
     joined: int  # documents of several sequences that became one (a .pbin or .ds has no sentence boundaries)
     loss_masks: int = 0  # inputs with a .ds.loss (never carried: no output format holds one)
     loss_masks_dropped: bool = False  # some masked tokens were written without their mask (--drop-loss-mask)
+    outputs: list[str] = field(default_factory=list)  # the datasets written: ``output``, or its --max-size parts
 
 
-def _check_inputs(inputs: list[str], output: str, verb: str) -> None:
+def _check_inputs(inputs: list[str], outputs: list[str], verb: str) -> None:
     if not inputs:
         raise MegacacheError(f"{verb}: give at least one input")
     if len(set(inputs)) != len(inputs):
-        dup = sorted({p for p in inputs if inputs.count(p) > 1})
+        seen: set = set()
+        dup = sorted({p for p in inputs if p in seen or seen.add(p)})
         raise MegacacheError(f"{verb}: input given more than once: {', '.join(dup)}")
-    if output in inputs:
-        raise MegacacheError(f"{verb}: the output {output} is also an input")
+    given = set(inputs)
+    both = next((o for o in outputs if o in given), None)
+    if both is not None:
+        raise MegacacheError(f"{verb}: the output {both} is also an input")
 
 
-def _plan_megatron(prefixes: list[str], chunk_bytes: int) -> tuple[np.dtype, list[Chunk], list[PartCounts]]:
-    chunks: list[Chunk] = []
-    counts: list[PartCounts] = []
-    dtype = None
-    for j, prefix in enumerate(prefixes):
-        ds = IndexedDataset(prefix)
-        if dtype is None:
-            dtype = ds.dtype
-        elif ds.dtype != dtype:
-            raise MegacacheError(f"merge: {prefix} holds {ds.dtype.name} tokens but {prefixes[0]} holds "
-                                 f"{dtype.name}; datasets of different token dtypes cannot be merged")
-        docs = ds.num_documents
-        pieces = max(1, math.ceil(ds.bin_size / chunk_bytes))
-        bounds = np.unique(np.linspace(0, docs, pieces + 1).astype(np.int64))
-        if len(bounds) == 1:  # a dataset with no documents still contributes nothing, as a part
-            bounds = np.array([0, 0])
-        di, lengths, pointers = ds.document_indices, ds.sequence_lengths, ds.sequence_pointers
-        for d0, d1 in zip(bounds[:-1], bounds[1:]):
-            s0, s1 = int(di[d0]), int(di[d1])
-            # From the pointers at the chunk's ends: O(1) per chunk, so rank 0 never reads every
-            # length of every input. The chunk's owner checks the lengths agree (load below).
-            tokens = ((int(pointers[s1 - 1]) - int(pointers[s0])) // ds.dtype.itemsize + int(lengths[s1 - 1])
-                      if s1 > s0 else 0)
-            chunks.append(Chunk(j, int(d0), int(d1)))
-            counts.append(PartCounts(int(d1 - d0), s1 - s0, tokens))
-    return dtype, chunks, counts
+def _plan_megatron_file(prefix: str, source: int, chunk_bytes: int) -> tuple[np.dtype, list[Chunk], list[PartCounts]]:
+    """One Megatron dataset's chunks of whole documents, each of at most ``chunk_bytes`` of tokens (or one
+    document that alone holds more), found by binary searches in its memory-mapped index: the planner
+    never reads every length. The chunk's owner checks the lengths agree with the pointers (load below)."""
+    ds = IndexedDataset(prefix)
+    di, lengths, pointers = ds.document_indices, ds.sequence_lengths, ds.sequence_pointers
+    docs, sequences = ds.num_documents, len(lengths)
+    size = ds.dtype.itemsize
+    end = int(pointers[-1]) + int(lengths[-1]) * size if sequences else 0
+
+    def at(s: int) -> int:  # the byte where sequence s starts (the end of the data for s == sequences)
+        return int(pointers[s]) if s < sequences else end
+
+    chunks, counts = [], []
+    d0 = 0
+    while d0 < docs or not chunks:  # a dataset with no documents still contributes nothing, as a part
+        s0 = int(di[d0])
+        limit = at(s0) + chunk_bytes
+        if end <= limit:
+            d1 = docs
+        else:
+            # the documents whose sequences all start at or before the limit, the last of them
+            # ending where the next one starts
+            d1 = max(d0 + 1, int(np.searchsorted(di, np.searchsorted(pointers, limit, side="right"))) - 1)
+            d1 = min(d1, docs)
+        s1 = int(di[d1])
+        chunks.append(Chunk(source, d0, d1))
+        counts.append(PartCounts(d1 - d0, s1 - s0, (at(s1) - at(s0)) // size))
+        d0 = d1
+    return ds.dtype, chunks, counts
 
 
-def _load_megatron(prefixes: list[str], opened: dict, chunk: Chunk, count: PartCounts) -> Part:
+class _Opened:
+    """The input whose chunks are being loaded, opened once for its consecutive chunks and let go at
+    the next input's: a rank loads its chunks in input order, and tens of thousands of inputs kept
+    open would use up the process's memory maps."""
+
+    def __init__(self, open_input):
+        self.open_input, self.source, self.value = open_input, None, None
+
+    def __call__(self, source: int, path: str):
+        if source != self.source:
+            self.value = None
+            self.value, self.source = self.open_input(path), source
+        return self.value
+
+
+def _load_megatron(prefixes: list[str], opened: _Opened, chunk: Chunk, count: PartCounts) -> Part:
     c = chunk
-    ds = opened.setdefault(c.source, IndexedDataset(prefixes[c.source]))
+    ds = opened(c.source, prefixes[c.source])
     di = ds.document_indices
     bounds = np.asarray(di[c.doc_start: c.doc_stop + 1])
     bad = first_bad(np.diff(bounds) < 0)
@@ -138,7 +165,7 @@ def _contiguous(f: PackedFile, offsets: np.ndarray, lengths: np.ndarray, first: 
                              f"one before it ends ({int(expected[bad])}){hint}")
 
 
-def _plan_pbin_file(path: str, source: int, chunk_bytes: int) -> tuple[int, list[Chunk], list[PartCounts]]:
+def _plan_pbin_file(path: str, source: int, chunk_bytes: int) -> tuple[np.dtype, list[Chunk], list[PartCounts]]:
     """One file's chunks of about ``chunk_bytes`` of data, its index read a window at a time."""
     f = PackedFile(path)
     per_chunk = max(1, chunk_bytes // f.token_size)
@@ -163,25 +190,24 @@ def _plan_pbin_file(path: str, source: int, chunk_bytes: int) -> tuple[int, list
     if docs or not chunks:  # the rest; a file of no documents is one empty part
         chunks.append(Chunk(source, start, start + docs))
         counts.append(PartCounts(docs, sequences, tokens))
-    return f.token_size, chunks, counts
+    return f.dtype, chunks, counts
 
 
-def _plan_files(comm: Comm, paths: list[str], plan_file, what: str) -> tuple[int, list[Chunk], list[PartCounts]]:
-    """Every file's chunks, planned by one rank per file with ``plan_file(path, source)``."""
-    with comm.agreed(f"reading the {what} indices"):
+def _plan_files(comm: Comm, paths: list[str], plan_file, what: str
+                ) -> tuple[list[np.dtype], list[Chunk], list[PartCounts]]:
+    """Every file's token dtype and chunks, planned by one rank per file with ``plan_file(path, source)``:
+    tens of thousands of inputs are opened once each, by P ranks at a time."""
+    with comm.agreed(f"reading the {what}"):
         mine = {j: plan_file(paths[j], j) for j in range(comm.rank, len(paths), comm.size)}
     planned: dict = {}
     for part in comm.allgather(mine):
         planned.update(part)
-    sizes = {planned[j][0] for j in range(len(paths))}
-    if len(sizes) > 1:
-        desc = ", ".join(f"{paths[j]}: {planned[j][0]}" for j in range(len(paths)))
-        raise MegacacheError(f"merge: the {what} files have different token sizes ({desc}); they cannot be merged")
-    return (sizes.pop(), [c for j in range(len(paths)) for c in planned[j][1]],
-            [c for j in range(len(paths)) for c in planned[j][2]])
+    order = range(len(paths))
+    return ([planned[j][0] for j in order], [c for j in order for c in planned[j][1]],
+            [c for j in order for c in planned[j][2]])
 
 
-def _plan_ds_file(path: str, source: int, chunk_bytes: int) -> tuple[int, list[Chunk], list[PartCounts]]:
+def _plan_ds_file(path: str, source: int, chunk_bytes: int) -> tuple[np.dtype, list[Chunk], list[PartCounts]]:
     """One datatrove file's chunks of about ``chunk_bytes`` of tokens, its ends checked a block at a time."""
     f = DsFile(path)
     n, all_ends = f.document_count, f.document_ends
@@ -208,11 +234,11 @@ def _plan_ds_file(path: str, source: int, chunk_bytes: int) -> tuple[int, list[C
     chunks = [Chunk(source, int(d0), int(d1)) for d0, d1 in zip(bounds[:-1], bounds[1:])]
     counts = [PartCounts(int(bounds[k + 1] - bounds[k]), int(nonempty_before[k + 1] - nonempty_before[k]),
                          int(at[k + 1] - at[k])) for k in range(len(chunks))]
-    return f.token_size, chunks or [Chunk(source, 0, 0)], counts or [PartCounts(0, 0, 0)]
+    return f.dtype, chunks or [Chunk(source, 0, 0)], counts or [PartCounts(0, 0, 0)]
 
 
-def _load_ds(paths: list[str], opened: dict, chunk: Chunk, count: PartCounts, drop_loss_mask: bool) -> Part:
-    f = opened.setdefault(chunk.source, DsFile(paths[chunk.source]))
+def _load_ds(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCounts, drop_loss_mask: bool) -> Part:
+    f = opened(chunk.source, paths[chunk.source])
     ends = f.ends(chunk.doc_start, chunk.doc_stop)
     if int(ends[-1] - ends[0]) != count.tokens:
         raise MegacacheError(f"{f.path}: documents {chunk.doc_start}..{chunk.doc_stop} changed since the "
@@ -231,8 +257,8 @@ def _load_ds(paths: list[str], opened: dict, chunk: Chunk, count: PartCounts, dr
                 token_file=f.path, token_offset=int(ends[0]) * f.token_size, token_dtype=f.dtype)
 
 
-def _load_pbin(paths: list[str], opened: dict, chunk: Chunk, count: PartCounts) -> Part:
-    f = opened.setdefault(chunk.source, PackedFile(paths[chunk.source]))
+def _load_pbin(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCounts) -> Part:
+    f = opened(chunk.source, paths[chunk.source])
     offsets, lengths = f.document_window(chunk.doc_start, chunk.doc_stop - chunk.doc_start)
     start = int(offsets[0]) if len(offsets) else 0
     _contiguous(f, offsets, lengths, chunk.doc_start, start)
@@ -249,39 +275,76 @@ def _kind(path: str) -> str:
     return "ds" if is_ds(path) else "pbin" if is_pbin(path) else "megatron"
 
 
-def _output_dtype(kind: str, source_kind: str, source_dtype: np.dtype, vocab_size: int | None, source: str,
-                  verb: str) -> np.dtype:
-    """The output's token dtype: by its format's rule from ``vocab_size``, else from the source's width."""
+def _output_dtype(kind: str, source_kind: str, sources: list[str], dtypes: list[np.dtype], vocab_size: int | None,
+                  chosen: np.dtype | None, verb: str) -> np.dtype:
+    """The output's token dtype: ``chosen`` (merge's --dtype), else by its format's rule from
+    ``vocab_size``, else from the sources' one width (sources of several widths need one of the two)."""
+    if chosen is not None:
+        allowed = _DTYPES_OF[kind]
+        if chosen not in allowed:
+            raise MegacacheError(f"{verb}: --dtype {chosen.name}: a {_NAMES[kind]} holds tokens of "
+                                 f"{', '.join(d.name for d in allowed)}")
+        return chosen
     if vocab_size is not None:
         if kind == "pbin":
             return TOKEN_DTYPES[token_size(vocab_size)]
         return DS_DTYPES[ds_token_size(vocab_size)] if kind == "ds" else optimal_dtype(vocab_size)
+    other = next((j for j, d in enumerate(dtypes) if d != dtypes[0]), None)
+    if other is not None:
+        flag = "--dtype" if verb == "merge" else "--vocab-size"
+        raise MegacacheError(f"{verb}: {sources[other]} holds {dtypes[other].name} tokens but {sources[0]} holds "
+                             f"{dtypes[0].name}; give {flag} to write every token in one width (each id is checked "
+                             "to fit it)")
+    source_dtype = dtypes[0]
     if kind == source_kind:
         return source_dtype
     width = _PBIN_SIZE_OF.get(source_dtype) if source_kind == "megatron" else source_dtype.itemsize
     if width is None:
-        raise MegacacheError(f"{verb}: {source} holds {source_dtype.name} tokens, which a {_NAMES[kind]} does not "
-                             "hold as they are; give --vocab-size to choose the token size")
+        raise MegacacheError(f"{verb}: {sources[0]} holds {source_dtype.name} tokens, which a {_NAMES[kind]} does "
+                             "not hold as they are; give --vocab-size to choose the token size")
     return {"megatron": _MEGATRON_DTYPE_OF, "pbin": TOKEN_DTYPES, "ds": _DS_DTYPE_OF}[kind][width]
 
 
-def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, vocab_size: int | None,
-          verb: str, drop_loss_mask: bool = False) -> MergeResult:
+def part_name(output: str, k: int, n: int) -> str:
+    """The name of part ``k`` of ``n`` of a ``--max-size`` output: ``OUT-00003-of-00012`` (a prefix),
+    ``OUT-00003-of-00012.pbin`` / ``.ds``: names that sort in the parts' order."""
+    stem, suffix = (output[: -len(s)], s) if (s := _SUFFIXES.get(_kind(output))) else (output, "")
+    return f"{stem}-{k:05d}-of-{n:05d}{suffix}"
+
+
+def _groups(input_tokens: list[int], itemsize: int, max_size: int | None) -> list[tuple[int, int]]:
+    """Consecutive inputs ``[a, b)`` per output: all of them, or as many whole inputs as fit in
+    ``max_size`` bytes of tokens (an input larger than that alone)."""
+    if max_size is None:
+        return [(0, len(input_tokens))]
+    groups, start, filled = [], 0, 0
+    for j, tokens in enumerate(input_tokens):
+        size = tokens * itemsize
+        if j > start and filled + size > max_size:
+            groups.append((start, j))
+            start, filled = j, 0
+        filled += size
+    return groups + [(start, len(input_tokens))]
+
+
+def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: str, *, vocab_size: int | None = None,
+          dtype: np.dtype | None = None, max_size: int | None = None, drop_loss_mask: bool = False) -> MergeResult:
     t0 = time.monotonic()
     in_kind, out_kind = _kind(inputs[0]), _kind(output)
-    if in_kind == "pbin":
-        size, chunks, counts = _plan_files(comm, inputs, lambda p, j: _plan_pbin_file(p, j, chunk_bytes), ".pbin")
-        source_dtype = TOKEN_DTYPES[size]
-    elif in_kind == "ds":
-        size, chunks, counts = _plan_files(comm, inputs, lambda p, j: _plan_ds_file(p, j, chunk_bytes), ".ds")
-        source_dtype = DS_DTYPES[size]
-    else:
-        source_dtype, chunks, counts = comm.on_root(lambda: _plan_megatron(inputs, chunk_bytes), "planning")
-    dtype = _output_dtype(out_kind, in_kind, source_dtype, vocab_size, inputs[0], verb)
+    planner = {"pbin": lambda p, j: _plan_pbin_file(p, j, chunk_bytes),
+               "ds": lambda p, j: _plan_ds_file(p, j, chunk_bytes),
+               "megatron": lambda p, j: _plan_megatron_file(p, j, chunk_bytes)}[in_kind]
+    dtypes, chunks, counts = _plan_files(comm, inputs, planner, f"{_NAMES[in_kind]} indices")
+    dtype = _output_dtype(out_kind, in_kind, inputs, dtypes, vocab_size, dtype, verb)
 
-    owner = contiguous_shares([c.tokens for c in counts], comm.size)
-    mine = [i for i in range(len(chunks)) if owner[i] == comm.rank]
-    opened: dict = {}
+    input_tokens = [0] * len(inputs)
+    for c, n in zip(chunks, counts):
+        input_tokens[c.source] += n.tokens
+    groups = _groups(input_tokens, dtype.itemsize, max_size)
+    outputs = [output] if max_size is None else [part_name(output, k, len(groups)) for k in range(len(groups))]
+    _check_inputs(inputs, outputs, verb)
+    first_chunk = np.searchsorted([c.source for c in chunks], [a for a, _ in groups] + [len(inputs)])
+    opened = _Opened({"pbin": PackedFile, "ds": DsFile, "megatron": IndexedDataset}[in_kind])
     joined = [0]
 
     def load(i: int) -> Part:
@@ -293,73 +356,128 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, vocab_si
         joined[0] += int(np.count_nonzero(np.diff(part.document_ends, prepend=0) > 1))
         return part
 
-    with guarded_output(comm, output, [output], f"megacache {verb} into {output}") as guard:
+    documents = sequences = 0
+    with guarded_output(comm, output, outputs, f"megacache {verb} into {output}") as guard:
         guard.enter("writing")
-        try:
-            if out_kind == "pbin":
-                documents = sequences = assemble_pbin(comm, output, dtype.itemsize, counts, mine, load, guard.job)
-            elif out_kind == "ds":
-                documents = sequences = assemble_ds(comm, output, dtype, counts, mine, load, guard.job)
-            else:
-                layout = assemble(comm, output, dtype, counts, mine, load, guard.job)
-                documents, sequences = layout.document_count - 1, layout.sequence_count
-        finally:
-            discard(output, guard.job)
+        for out, c0, c1 in zip(outputs, first_chunk[:-1].tolist(), first_chunk[1:].tolist()):
+            # parts are numbered within their output
+            owner = contiguous_shares([c.tokens for c in counts[c0:c1]], comm.size)
+            mine = [i for i in range(c1 - c0) if owner[i] == comm.rank]
+
+            def group(i: int, c0: int = c0) -> Part:
+                return load(c0 + i)
+
+            try:
+                if out_kind == "pbin":
+                    n = assemble_pbin(comm, out, dtype.itemsize, counts[c0:c1], mine, group, guard.job)
+                    documents, sequences = documents + n, sequences + n
+                elif out_kind == "ds":
+                    n = assemble_ds(comm, out, dtype, counts[c0:c1], mine, group, guard.job)
+                    documents, sequences = documents + n, sequences + n
+                else:
+                    layout = assemble(comm, out, dtype, counts[c0:c1], mine, group, guard.job)
+                    documents += layout.document_count - 1
+                    sequences += layout.sequence_count
+            finally:
+                discard(out, guard.job)
     losses = [p for p in inputs if os.path.exists(loss_path(p))] if in_kind == "ds" else []
     return MergeResult(output=output, documents=documents, sequences=sequences, tokens=sum(c.tokens for c in counts),
                        inputs=len(inputs), seconds=time.monotonic() - t0, ranks=comm.size,
                        joined=comm.allreduce(joined[0]) if out_kind != "megatron" else 0,
-                       loss_masks=len(losses), loss_masks_dropped=drop_loss_mask and bool(losses))
+                       loss_masks=len(losses), loss_masks_dropped=drop_loss_mask and bool(losses), outputs=outputs)
 
 
-def _expand_folders(paths: list[str]) -> list[str]:
-    """``paths`` with each folder (one that is not also a Megatron prefix) replaced by the datasets in
-    it, in name order: its ``.ds`` files, its ``.pbin`` files or its Megatron prefixes (``.idx``), the
-    one kind it holds. datatrove names a job's files by zero-padded task number, so name order is
-    its task order."""
-    out = []
-    for path in paths:
-        if not os.path.isdir(path) or os.path.isfile(idx_path(path)):
-            out.append(path)
+#: the files beside a .ds that a glob may also match
+_COMPANIONS = (".ds.index", ".ds.loss", ".ds.metadata")
+
+
+def _folder(path: str) -> list[str]:
+    """The datasets in a folder, in name order: its ``.ds`` files, its ``.pbin`` files or its
+    Megatron prefixes (``.idx``), the one kind it holds. datatrove names a job's files by
+    zero-padded task number, so name order is its task order."""
+    names = sorted(os.listdir(path))
+    found = {kind: [os.path.join(path, n) for n in names if n.endswith(suffix)]
+             for kind, suffix in (("ds", ".ds"), ("pbin", ".pbin"), ("megatron", ".idx"))}
+    found["megatron"] = [idx[:-4] for idx in found["megatron"]]
+    kinds = [kind for kind, files in found.items() if files]
+    if len(kinds) != 1:
+        what = "no" if not kinds else "several kinds of"
+        raise MegacacheError(f"{path}: a folder of {what} datasets (.ds files, .pbin files, Megatron .idx/.bin "
+                             "prefixes); give a folder of one kind, or the datasets one by one")
+    return found[kinds[0]]
+
+
+def _matches(pattern: str) -> list[str]:
+    """The datasets a glob pattern names, in name order: a Megatron prefix once for its ``.bin`` and
+    ``.idx``, a ``.ds`` without its companion files."""
+    out: dict[str, None] = {}
+    # A pattern may name files, folders or Megatron prefixes (which no file is named)
+    for path in sorted(glob.glob(pattern) + glob.glob(pattern + ".idx")):
+        if path.endswith(_COMPANIONS):
             continue
-        names = sorted(os.listdir(path))
-        found = {kind: [os.path.join(path, n) for n in names if n.endswith(suffix)]
-                 for kind, suffix in (("ds", ".ds"), ("pbin", ".pbin"), ("megatron", ".idx"))}
-        found["megatron"] = [idx[:-4] for idx in found["megatron"]]
-        kinds = [kind for kind, files in found.items() if files]
-        if len(kinds) != 1:
-            what = "no" if not kinds else "several kinds of"
-            raise MegacacheError(f"{path}: a folder of {what} datasets (.ds files, .pbin files, Megatron .idx/.bin "
-                                 "prefixes); give a folder of one kind, or the datasets one by one")
-        out += found[kinds[0]]
+        if os.path.isdir(path) and not os.path.isfile(idx_path(path)):
+            out.update(dict.fromkeys(_folder(path)))
+        else:
+            out[path[:-4] if path.endswith((".bin", ".idx")) else path] = None
+    if not out:
+        raise MegacacheError(f"{pattern}: the pattern matches no dataset")
+    return list(out)
+
+
+def expand_inputs(paths: list[str], input_list: str | None = None) -> list[str]:
+    """The datasets named by ``paths`` then by the lines of ``input_list`` (blank lines and lines
+    starting with # skipped), in that order: a folder (one that is not also a Megatron prefix)
+    stands for the datasets in it and a glob pattern (``*``, ``?``, ``[``; quoted, so that no shell
+    limit on arguments applies) for those it matches, each in name order."""
+    given = list(paths)
+    if input_list is not None:
+        try:
+            with open(input_list, encoding="utf-8") as f:
+                given += [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+        except OSError as exc:
+            raise MegacacheError(f"{input_list}: cannot read the input list: {exc.strerror}") from None
+    out = []
+    for path in given:
+        if os.path.isdir(path) and not os.path.isfile(idx_path(path)):
+            out += _folder(path)
+        elif glob.has_magic(path) and not os.path.exists(path) and not os.path.exists(idx_path(path)):
+            out += _matches(path)
+        else:
+            out.append(path)
     return out
 
 
 def merge(inputs: list[str], output: str, comm: Comm | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-          drop_loss_mask: bool = False) -> MergeResult:
-    """Concatenate datasets of one format (Megatron prefixes, ``.pbin`` or ``.ds`` files; a folder
-    stands for the datasets in it) into ``output``."""
+          drop_loss_mask: bool = False, input_list: str | None = None, dtype: str | None = None,
+          max_size: int | None = None) -> MergeResult:
+    """Concatenate datasets of one format (Megatron prefixes, ``.pbin`` or ``.ds`` files; folders and
+    glob patterns as ``expand_inputs`` reads them) into ``output``, or into parts of at most
+    ``max_size`` bytes of tokens (``part_name``; whole inputs each). Inputs of several token widths
+    need ``dtype``, the output's (every id checked to fit)."""
     comm = comm or get_comm()
-    inputs = comm.on_root(lambda: _expand_folders(inputs), "listing the inputs")
-    _check_inputs(inputs, output, "merge")
+    inputs = comm.on_root(lambda: expand_inputs(inputs, input_list), "listing the inputs")
+    _check_inputs(inputs, [output], "merge")
     kinds = {_kind(p) for p in inputs + [output]}
     if len(kinds) > 1:
         raise MegacacheError("merge: the inputs and the output must all be .pbin files, all .ds files or all "
                              "Megatron prefixes; megacache convert changes the format")
-    return _copy(inputs, output, comm, chunk_bytes, None, "merge", drop_loss_mask)
+    return _copy(inputs, output, comm, chunk_bytes, "merge", dtype=None if dtype is None else np.dtype(dtype),
+                 max_size=max_size, drop_loss_mask=drop_loss_mask)
 
 
 def convert(sources: str | list[str], output: str, comm: Comm | None = None, vocab_size: int | None = None,
-            chunk_bytes: int = DEFAULT_CHUNK_BYTES, drop_loss_mask: bool = False) -> MergeResult:
-    """Datasets of one format (a folder stands for the datasets in it), in order, as one dataset in
-    another format: a Megatron prefix, a ``.pbin`` (Modalities) or a ``.ds`` (datatrove).
+            chunk_bytes: int = DEFAULT_CHUNK_BYTES, drop_loss_mask: bool = False, input_list: str | None = None,
+            max_size: int | None = None) -> MergeResult:
+    """Datasets of one format (folders and glob patterns as ``expand_inputs`` reads them), in order,
+    as one dataset in another format: a Megatron prefix, a ``.pbin`` (Modalities) or a ``.ds``
+    (datatrove); or as parts of at most ``max_size`` bytes of tokens, as ``merge``.
     ``vocab_size`` picks the output's token size by the output format's rule; without it the
     sources' tokens decide. A ``.ds.loss`` mask is not carried: a mask that masks a token is
     refused unless ``drop_loss_mask``."""
     comm = comm or get_comm()
     given = [sources] if isinstance(sources, str) else list(sources)
-    inputs = comm.on_root(lambda: _expand_folders(given), "listing the inputs")
-    _check_inputs(inputs, output, "convert")
+    inputs = comm.on_root(lambda: expand_inputs(given, input_list), "listing the inputs")
+    _check_inputs(inputs, [output], "convert")
     kinds = {_kind(p) for p in inputs}
     if len(kinds) > 1:
         raise MegacacheError(f"convert: the inputs must all be of one format, .pbin files, .ds files or Megatron "
@@ -369,4 +487,5 @@ def convert(sources: str | list[str], output: str, comm: Comm | None = None, voc
         raise MegacacheError(f"convert: {inputs[0]} and {output} are in one format ({_NAMES[_kind(output)]}); give "
                              "the output in another: a path ending in .pbin (Modalities), in .ds (datatrove), or a "
                              "Megatron prefix (megacache merge copies within a format)")
-    return _copy(inputs, output, comm, chunk_bytes, vocab_size, "convert", drop_loss_mask)
+    return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size, max_size=max_size,
+                 drop_loss_mask=drop_loss_mask)

@@ -101,15 +101,16 @@ def _copy_summary(verb: str, r) -> str:
     from ..formats.datatrove import is_ds
     from ..formats.pbin import is_pbin
 
-    if is_pbin(r.output) or is_ds(r.output):
-        line = (f"megacache {verb}: {r.inputs} dataset(s) -> {r.output}: {r.documents:,} documents, "
-                f"{r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
-        if r.joined:
-            line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); a "
-                     f"{'.ds' if is_ds(r.output) else '.pbin'} document is one run of tokens, so each became one")
-    else:
-        line = (f"megacache {verb}: {r.inputs} dataset(s) -> {r.output}.bin/.idx: {r.documents:,} documents, "
-                f"{r.sequences:,} sequences, {r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
+    megatron = not (is_pbin(r.output) or is_ds(r.output))
+    files = ".bin/.idx" if megatron else ""
+    where = (f"{r.output}{files}" if len(r.outputs) == 1 else
+             f"{len(r.outputs)} parts {r.outputs[0]}{files} ... {r.outputs[-1]}{files}")
+    sequences = f"{r.sequences:,} sequences, " if megatron else ""
+    line = (f"megacache {verb}: {r.inputs} dataset(s) -> {where}: {r.documents:,} documents, {sequences}"
+            f"{r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
+    if r.joined:
+        line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); a "
+                 f"{'.ds' if is_ds(r.output) else '.pbin'} document is one run of tokens, so each became one")
     if r.loss_masks:
         line += (f"\n  {r.loss_masks} input(s) had a .ds.loss mask, not carried (no output format holds one): "
                  + ("--drop-loss-mask: the tokens were written without it, masked ones too" if r.loss_masks_dropped
@@ -120,8 +121,11 @@ def _copy_summary(verb: str, r) -> str:
 def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
     from ..builders.merge import merge
 
+    if not args.prefixes and args.input_list is None:
+        raise MegacacheError("merge: give the datasets to merge, or --input-list FILE")
     r = merge(args.prefixes, args.output_prefix, comm, chunk_bytes=args.chunk_bytes,
-              drop_loss_mask=args.drop_loss_mask)
+              drop_loss_mask=args.drop_loss_mask, input_list=args.input_list, dtype=args.dtype,
+              max_size=args.max_size)
     if comm.rank == 0:
         print(_copy_summary("merge", r), flush=True)
 
@@ -129,8 +133,10 @@ def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
 def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
     from ..builders.merge import convert
 
+    if not args.sources and args.input_list is None:
+        raise MegacacheError("convert: give the datasets to convert, or --input-list FILE")
     r = convert(args.sources, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes,
-                drop_loss_mask=args.drop_loss_mask)
+                drop_loss_mask=args.drop_loss_mask, input_list=args.input_list, max_size=args.max_size)
     if comm.rank == 0:
         print(_copy_summary("convert", r), flush=True)
 
@@ -633,22 +639,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     drop_loss = ("write a .ds input's tokens although its .ds.loss mask masks some of them (no output format holds "
                  "a loss mask; without this flag such an input is refused, and an all-ones mask passes)")
+    inputs = ("; a folder stands for the datasets in it and a quoted glob pattern for those it matches, each in "
+              "name order")
+    input_list = ("a file naming more datasets, one per line, after those given (blank lines and lines starting "
+                  "with # skipped): for tens of thousands of shards")
+    max_size = ("write parts of at most this many bytes of tokens each (whole inputs, in order; an input larger "
+                "than this alone), named OUT-00000-of-000NN ...")
     p = sub.add_parser("merge", help="concatenate datasets in the order given (Megatron prefixes, .pbin or .ds files)")
-    p.add_argument("prefixes", nargs="+", metavar="PREFIX|FILE.pbin|FILE.ds",
-                   help="the datasets to concatenate, in order: Megatron prefixes, .pbin files or datatrove .ds files; "
-                        "a folder stands for the datasets in it, in name order")
+    p.add_argument("prefixes", nargs="*", metavar="PREFIX|FILE.pbin|FILE.ds",
+                   help="the datasets to concatenate, in order: Megatron prefixes, .pbin files or datatrove .ds files"
+                        + inputs)
+    p.add_argument("--input-list", metavar="FILE", help=input_list)
     p.add_argument("--output-prefix", required=True, metavar="PREFIX|FILE.pbin|FILE.ds", type=nonempty,
                    help="the merged dataset's own prefix (PREFIX.bin/.idx), .pbin or .ds file, in the inputs' "
                         "format (unlike tokenize's --output-prefix, nothing is appended to it)")
+    p.add_argument("--dtype", choices=["uint8", "int8", "uint16", "int16", "uint32", "int32", "int64"],
+                   help="the output's token dtype, for inputs of several widths (refused without it); every id is "
+                        "checked to fit (a Megatron prefix holds uint8, int8, uint16, int16, int32 or int64, a .pbin "
+                        "uint8, uint16 or uint32, a .ds uint16 or uint32)")
+    p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=max_size)
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.add_argument("--drop-loss-mask", action="store_true", help=drop_loss)
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("convert", help="a dataset in another format: Megatron's .bin/.idx, Modalities' .pbin, "
                                        "datatrove's .ds (docs/modalities.md, docs/datatrove.md)")
-    p.add_argument("sources", nargs="+", metavar="SRC",
+    p.add_argument("sources", nargs="*", metavar="SRC",
                    help="the datasets to convert, in order, into one: Megatron prefixes, or paths ending in .pbin "
-                        "or .ds, all of one format; a folder stands for the datasets in it, in name order")
+                        "or .ds, all of one format" + inputs)
     p.add_argument("destination", metavar="DST",
                    help="another format: a path ending in .pbin or .ds, or a Megatron prefix")
     p.add_argument("--vocab-size", type=positive,
@@ -657,6 +675,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "below 65500, else int32; .pbin: the bytes log2(vocab) bits take, 3 as 4; .ds: 2 bytes "
                         "up to 65536, else 4); default: the source's tokens decide (uint16 <-> 2 bytes, int32 "
                         "<-> 4 bytes, 1-byte .pbin -> uint16 or a 2-byte .ds)")
+    p.add_argument("--input-list", metavar="FILE", help=input_list)
+    p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=max_size)
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.add_argument("--drop-loss-mask", action="store_true", help=drop_loss)
     p.set_defaults(func=_cmd_convert)

@@ -44,11 +44,18 @@ def test_merge_under_mpi(tmp_path, megatron, ranks):
     assert file_bytes(str(tmp_path / "ours")) == file_bytes(str(tmp_path / "theirs"))
 
 
-def test_merge_refuses_mixed_dtypes(tmp_path):
-    write_dataset(str(tmp_path / "a"), [np.arange(3)], np.uint16)
-    write_dataset(str(tmp_path / "b"), [np.arange(3)], np.int32)
-    with pytest.raises(MegacacheError, match="different token dtypes"):
+def test_mixed_dtypes_merge_only_into_a_dtype_given(tmp_path, megatron):
+    """Inputs of several widths need --dtype; with it, each input is as if written in that dtype."""
+    docs = {"a": [np.arange(3), np.arange(60000, 60005)], "b": [np.arange(70000, 70004)]}
+    write_dataset(str(tmp_path / "a"), docs["a"], np.uint16)
+    write_dataset(str(tmp_path / "b"), docs["b"], np.int32)
+    with pytest.raises(MegacacheError, match="holds int32 tokens but .* holds uint16; give --dtype"):
         merge([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "o"))
+    merge([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "ours"), dtype="int32")
+    for name in docs:
+        write_dataset(str(tmp_path / f"{name}32"), docs[name], np.int32)
+    megatron_merge(megatron, [str(tmp_path / "a32"), str(tmp_path / "b32")], str(tmp_path / "theirs"), np.int32)
+    assert file_bytes(str(tmp_path / "ours")) == file_bytes(str(tmp_path / "theirs"))
 
 
 def test_merge_refuses_truncated_bin(tmp_path):

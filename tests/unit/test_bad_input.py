@@ -53,10 +53,10 @@ class Work:
         self.good = self.dataset("good", np.uint16)
         self.layout = read_layout(self.good + ".idx")
 
-    def dataset(self, name: str, dtype) -> str:
+    def dataset(self, name: str, dtype, high: int = VOCAB) -> str:
         rng = np.random.default_rng(1)
         prefix = f"{self.t}/{name}"
-        write_dataset(prefix, [rng.integers(0, VOCAB, rng.integers(1, 30)) for _ in range(DOCUMENTS)], dtype)
+        write_dataset(prefix, [rng.integers(0, high, rng.integers(1, 30)) for _ in range(DOCUMENTS)], dtype)
         return prefix
 
     def damaged(self, suffix: str, offset: int = 0, value: bytes = b"", cut: int = 0) -> str:
@@ -205,7 +205,23 @@ CASES = [
          lambda w: w.merge(w.damaged(".idx", w.layout.documents_offset + 8 * 10, i64(0))),
          "{t}/d.idx", "document_indices"),
     case("merge-mixed-token-dtypes", lambda w: w.merge(w.good, w.dataset("wide", np.int32)),
-         "{t}/wide holds int32 tokens but {t}/good holds uint16", "different token dtypes cannot be merged"),
+         "merge: {t}/wide holds int32 tokens but {t}/good holds uint16; give --dtype to write every token in one "
+         "width"),
+    case("merge-dtype-narrower-than-an-id", lambda w: [*w.merge(w.dataset("wide", np.int32, high=70000)), "--dtype",
+                                                        "uint16"],
+         "{t}/wide.bin: byte ", "does not fit {t}/out/m's 2-byte tokens"),
+    case("merge-dtype-the-format-does-not-hold", lambda w: ["merge", w.ds(), "--output-prefix", f"{w.out}/m.ds",
+                                                             "--dtype", "uint8"],
+         "merge: --dtype uint8: a .ds file holds tokens of uint16, uint32"),
+    case("merge-glob-matching-nothing", lambda w: w.merge(f"{w.t}/none_*"), "{t}/none_*: the pattern matches no dataset"),
+    case("merge-input-list-missing", lambda w: ["merge", "--input-list", f"{w.t}/list.txt", "--output-prefix",
+                                                f"{w.out}/m"],
+         "{t}/list.txt: cannot read the input list: No such file or directory"),
+    case("merge-no-inputs", lambda w: ["merge", "--output-prefix", f"{w.out}/m"],
+         "merge: give the datasets to merge, or --input-list FILE"),
+    case("merge-max-size-part-named-like-an-input",
+         lambda w: [*w.merge(w.dataset("out/m-00000-of-00001", np.uint16)), "--max-size", "1G"],
+         "merge: the output {t}/out/m-00000-of-00001 is also an input"),
     case("merge-duplicate-prefix", lambda w: w.merge(w.good, w.good),
          "merge: input given more than once: {t}/good"),
     case("merge-mixed-formats", lambda w: ["merge", w.good, f"{w.t}/x.pbin", "--output-prefix", f"{w.out}/m"],
@@ -256,7 +272,7 @@ CASES = [
     case("merge-ds-mixed-widths", lambda w: (w.file("w.ds.index", u64(2)),  # two 4-byte tokens
                                              ["merge", w.ds(), w.file("w.ds", bytes(8)), "--output-prefix",
                                               f"{w.out}/m.ds"])[1],
-         "merge: the .ds files have different token sizes ({t}/d.ds: 2, {t}/w.ds: 4)"),
+         "merge: {t}/w.ds holds uint32 tokens but {t}/d.ds holds uint16; give --dtype"),
     case("build-truncated-idx", lambda w: w.build("--data-path", w.damaged(".idx", cut=w.layout.idx_size - 60)),
          "{t}/d.idx: truncated: 60 bytes"),
     case("build-bin-shorter-than-index", lambda w: w.build("--data-path", w.damaged(".bin", cut=10)),
