@@ -427,16 +427,21 @@ def _rows_from_lengths(sizes, document_index, first, start, first_position, firs
     # their lengths (gathered with prefetches ahead, which about halves the time per position from
     # an array larger than the caches), running counts, the last row each reaches (vectorised),
     # the positions that reach a new one (compacted without branches), and only their rows.
-    # Returns the rows found inside the window.
+    # The last rows are computed in float64, where every count (< 2^53) and product here is exact:
+    # AVX2 has neither int64 multiplication nor int64 <-> float64 conversion in vectors, so the
+    # integer form runs one position at a time. Returns the rows found inside the window.
     R = rows.shape[0]
     n = document_index.shape[0]
     base = sizes.ctypes.data - first * 4  # the address of sequence 0's length (int32)
     size = np.empty(_WALK_BLOCK, np.int64)
     reach = np.empty(_WALK_BLOCK, np.int64)
-    last = np.empty(_WALK_BLOCK, np.int64)
+    last = np.empty(_WALK_BLOCK, np.float64)  # integers
+    counted = np.empty(_WALK_BLOCK, np.float64)
     owner = np.empty(_WALK_BLOCK, np.int64)
+    Lf = float(L)
+    per_token = 1.0 / Lf
     total = start
-    reached = _floor_div(start - x, L)  # the last row reached before the position at hand
+    reached = (start - x) // L  # the last row reached before the position at hand
     stop = first_k + R - 1
     for p in range(0, n, _WALK_BLOCK):
         m = min(_WALK_BLOCK, n - p)
@@ -446,35 +451,30 @@ def _rows_from_lengths(sizes, document_index, first, start, first_position, firs
         for j in range(m):
             total += size[j]
             reach[j] = total
+            counted[j] = float(total - x)
         for j in range(m):
-            last[j] = _floor_div(reach[j] - x, L)
+            # (reach - x) // L: the quotient rounded is off by at most one, and corrected exactly
+            v = counted[j]
+            q = np.floor(v * per_token)
+            q = q - 1.0 if q * Lf > v else q
+            last[j] = q + 1.0 if (q + 1.0) * Lf <= v else q
         owners = 0
-        previous = reached
+        previous = float(reached)
         for j in range(m):
             owner[owners] = j
             owners += last[j] != previous
             previous = last[j]
         for i in range(owners):
             j = owner[i]
-            k0 = max(first_k, (last[j - 1] if j else reached) + 1)
+            k0 = max(first_k, (np.int64(last[j - 1]) if j else reached) + 1)
             before = reach[j] - size[j]
-            for k in range(k0, min(last[j], stop) + 1):
+            for k in range(k0, min(np.int64(last[j]), stop) + 1):
                 rows[k - first_k, 0] = first_position + p + j
                 rows[k - first_k, 1] = k * L - before
-        reached = last[m - 1]
+        reached = np.int64(last[m - 1])
         if reached >= stop:
             return R
     return max(0, reached - first_k + 1)
-
-
-@kernel(inline=True)
-def _floor_div(v, L):
-    """``v // L`` for |v| < 2^53, L > 0, in a form that vectorises (float quotient, then exact
-    integer corrections)."""
-    q = np.int64(float(v) / float(L))
-    q -= q * L > v
-    q += (q + 1) * L <= v
-    return q
 
 
 def _check_int32_offsets(plan: GPTIndexPlan, offset: int) -> None:
