@@ -99,9 +99,10 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
 
 def _copy_summary(verb: str, r) -> str:
     from ..formats.datatrove import is_ds
+    from ..formats.olmo import is_olmo
     from ..formats.pbin import is_pbin
 
-    megatron = not (is_pbin(r.output) or is_ds(r.output))
+    megatron = not (is_pbin(r.output) or is_ds(r.output) or is_olmo(r.output))
     files = ".bin/.idx" if megatron else ""
     where = (f"{r.output}{files}" if len(r.outputs) == 1 else
              f"{len(r.outputs)} parts {r.outputs[0]}{files} ... {r.outputs[-1]}{files}")
@@ -110,11 +111,15 @@ def _copy_summary(verb: str, r) -> str:
             f"{r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
     if r.joined:
         line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); a "
-                 f"{'.ds' if is_ds(r.output) else '.pbin'} document is one run of tokens, so each became one")
+                 f"{'.ds' if is_ds(r.output) else 'OLMo' if is_olmo(r.output) else '.pbin'} document is one run of "
+                 "tokens, so each became one")
     if r.loss_masks:
         line += (f"\n  {r.loss_masks} input(s) had a .ds.loss mask, not carried (no output format holds one): "
                  + ("--drop-loss-mask: the tokens were written without it, masked ones too" if r.loss_masks_dropped
                     else "it masked no token, so nothing was lost"))
+    if r.unterminated:
+        line += (f"\n  {r.unterminated} input(s) end with tokens after their last EOS: each such tail became a "
+                 "document without EOS (a wrong --dtype or --eos-id also looks like this)")
     return line
 
 
@@ -136,7 +141,8 @@ def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
     if not args.sources and args.input_list is None:
         raise MegacacheError("convert: give the datasets to convert, or --input-list FILE")
     r = convert(args.sources, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes,
-                drop_loss_mask=args.drop_loss_mask, input_list=args.input_list, max_size=args.max_size)
+                drop_loss_mask=args.drop_loss_mask, input_list=args.input_list, max_size=args.max_size,
+                eos_id=args.eos_id, dtype=args.dtype)
     if comm.rank == 0:
         print(_copy_summary("convert", r), flush=True)
 
@@ -663,18 +669,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("convert", help="a dataset in another format: Megatron's .bin/.idx, Modalities' .pbin, "
-                                       "datatrove's .ds (docs/modalities.md, docs/datatrove.md)")
+                                       "datatrove's .ds, OLMo's token files (docs/modalities.md, docs/datatrove.md, "
+                                       "docs/olmo.md)")
     p.add_argument("sources", nargs="*", metavar="SRC",
-                   help="the datasets to convert, in order, into one: Megatron prefixes, or paths ending in .pbin "
-                        "or .ds, all of one format" + inputs)
+                   help="the datasets to convert, in order, into one: Megatron prefixes, or paths ending in .pbin, "
+                        ".ds or .npy (OLMo's headerless token files), all of one format" + inputs)
     p.add_argument("destination", metavar="DST",
-                   help="another format: a path ending in .pbin or .ds, or a Megatron prefix")
+                   help="another format: a path ending in .pbin, .ds or .npy (OLMo), or a Megatron prefix")
     p.add_argument("--vocab-size", type=positive,
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's), "
                         "which here chooses the output's token size by its format's rule (Megatron: uint16 "
                         "below 65500, else int32; .pbin: the bytes log2(vocab) bits take, 3 as 4; .ds: 2 bytes "
-                        "up to 65536, else 4); default: the source's tokens decide (uint16 <-> 2 bytes, int32 "
+                        "up to 65536, else 4; OLMo: uint16 up to 65536, else uint32, also an OLMo input's width "
+                        "without --dtype); default: the source's tokens decide (uint16 <-> 2 bytes, int32 "
                         "<-> 4 bytes, 1-byte .pbin -> uint16 or a 2-byte .ds)")
+    p.add_argument("--eos-id", type=int,
+                   help="OLMo token files (input or output): the EOS id that ends every document (OLMo-core's "
+                        "eos_token_id). An OLMo input's documents are cut after each EOS, which stays with its "
+                        "document; an OLMo output needs every source document to end with it (tokenize "
+                        "--append-eod): nothing is added or dropped")
+    p.add_argument("--dtype", choices=["uint16", "uint32"],
+                   help="an OLMo token file's width (OLMo-core's dtype): an input's, which the file does not "
+                        "record, or the output's (default: the sources' width)")
     p.add_argument("--input-list", metavar="FILE", help=input_list)
     p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=max_size)
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
