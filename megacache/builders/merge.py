@@ -33,7 +33,8 @@ from ..errors import MegacacheError
 from ..formats.datatrove import TOKEN_DTYPES as DS_DTYPES, DsFile, is_ds, loss_path
 from ..formats.datatrove import token_size as ds_token_size
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, optimal_dtype
-from ..formats.olmo import TOKEN_DTYPES as OLMO_DTYPES, OlmoFile, check_eos, dtype_for_vocab, is_olmo
+from ..formats.olmo import (TOKEN_DTYPES as OLMO_DTYPES, OlmoFile, check_eos, dtype_for_vocab, given_eos, given_width,
+                            is_olmo)
 from ..formats.pbin import (CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, expected_offsets, is_pbin,
                             merge_bug_hint, token_size)
 from .assemble import Part, PartCounts, assemble, assemble_ds, assemble_olmo, assemble_pbin, discard, guarded_output
@@ -594,16 +595,10 @@ def convert(sources: str | list[str], output: str, comm: Comm | None = None, voc
                                  "inputs nor the output is one")
         return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size, max_size=max_size,
                      drop_loss_mask=drop_loss_mask)
-    if eos_id is None:
-        raise MegacacheError("convert: an OLMo token file's documents are delimited by the EOS id alone: give "
-                             "--eos-id (the tokenizer's EOS, as OLMo-core's eos_token_id)")
-    width = None if dtype is None else OLMO_DTYPES[dtype]
+    eos_id = given_eos(eos_id, "convert")
     if in_kind == "olmo":
-        if width is None and vocab_size is None:
-            raise MegacacheError(f"convert: {inputs[0]} records no token width; give --dtype uint16|uint32 (as "
-                                 "OLMo-core's dtype) or --vocab-size (OLMo's rule: uint16 up to 65,536 ids)")
-        input_width = width or dtype_for_vocab(vocab_size)
         return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size, max_size=max_size,
-                     eos_id=eos_id, olmo_input_dtype=input_width)
-    return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size, dtype=width, max_size=max_size,
+                     eos_id=eos_id, olmo_input_dtype=given_width(f"convert: {inputs[0]}", dtype, vocab_size))
+    return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size,
+                 dtype=None if dtype is None else OLMO_DTYPES[dtype], max_size=max_size,
                  drop_loss_mask=drop_loss_mask, eos_id=eos_id)

@@ -16,7 +16,6 @@ import os
 
 import numpy as np
 
-from ..algorithms.blocks import BLOCK
 from ..errors import FormatError
 from ..runtime.fsio import writing
 
@@ -25,6 +24,8 @@ SUFFIX = ".npy"
 TOKEN_DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 #: what ``numpy.save`` writes first; OLMo's files have no such header
 _NUMPY_MAGIC = b"\x93NUMPY"
+#: tokens compared with the EOS per vectorized step: the scan's memory
+SCAN_TOKENS = 1 << 22
 
 
 def is_olmo(path: str) -> bool:
@@ -35,6 +36,24 @@ def dtype_for_vocab(vocab_size: int) -> np.dtype:
     """OLMo-core's width for a vocabulary when its config names none: the narrowest that holds the
     largest id (``vocab_size - 1``)."""
     return TOKEN_DTYPES["uint16"] if vocab_size - 1 <= np.iinfo(np.uint16).max else TOKEN_DTYPES["uint32"]
+
+
+def given_width(path: str, dtype: str | None, vocab_size: int | None) -> np.dtype:
+    """An OLMo file's width from what the user gave: ``dtype`` (uint16 or uint32), else the
+    vocabulary's by OLMo's rule; the file itself does not say."""
+    if dtype is not None:
+        return TOKEN_DTYPES[dtype]
+    if vocab_size is None:
+        raise FormatError(f"{path} records no token width; give --dtype uint16|uint32 (as OLMo-core's dtype) or "
+                          "--vocab-size (OLMo's rule: uint16 up to 65,536 ids)")
+    return dtype_for_vocab(vocab_size)
+
+
+def given_eos(eos_id: int | None, verb: str) -> int:
+    if eos_id is None:
+        raise FormatError(f"{verb}: an OLMo token file's documents are delimited by the EOS id alone: give "
+                          "--eos-id (the tokenizer's EOS, as OLMo-core's eos_token_id)")
+    return eos_id
 
 
 def check_eos(eos_id: int, dtype: np.dtype, path: str) -> None:
@@ -88,12 +107,23 @@ class OlmoFile:
         """Whether the last document ends with the EOS (else it is kept without)."""
         return int(self.tokens[-1]) == self.eos_id
 
-    def document_ends(self, start: int, stop: int, block: int = BLOCK):
+    def document_ends(self, start: int, stop: int):
         """The ends (exclusive, in tokens from the file's start) of the documents whose EOS lies in
-        tokens ``[start, stop)``, as arrays, one per block of ``block`` tokens."""
-        for b0 in range(start, stop, block):
-            b1 = min(stop, b0 + block)
+        tokens ``[start, stop)``, as arrays, one per block of ``SCAN_TOKENS`` tokens."""
+        for b0 in range(start, stop, SCAN_TOKENS):
+            b1 = min(stop, b0 + SCAN_TOKENS)
             yield b0 + 1 + np.flatnonzero(np.asarray(self.tokens[b0:b1]) == self.eos_id)
+
+    def document_lengths(self):
+        """Every document's length in tokens (EOS included), an array per block of tokens scanned;
+        the last document without EOS, if there is one, last."""
+        last = 0
+        for ends in self.document_ends(0, self.token_count):
+            if len(ends):
+                yield np.diff(ends, prepend=last)
+                last = int(ends[-1])
+        if last < self.token_count:
+            yield np.array([self.token_count - last])
 
 
 class OlmoWriter:

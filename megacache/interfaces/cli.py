@@ -417,9 +417,10 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
 
     from ..formats.datatrove import is_ds
     from ..formats.indexed import bin_path, idx_path
+    from ..formats.olmo import given_eos, given_width, is_olmo
     from ..formats.pbin import is_pbin
     from ..megatron.versions import resolve
-    from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_ds, verify_pbin
+    from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_ds, verify_olmo, verify_pbin
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     started = time.perf_counter()
@@ -441,6 +442,10 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     def check_dataset(path: str) -> tuple[str, str, list[str]]:
         if is_pbin(path) or is_ds(path):
             problems, summary = (verify_ds if is_ds(path) else verify_pbin)(path, vocab_size=args.vocab_size)
+            return path, summary, problems
+        if is_olmo(path):
+            problems, summary = verify_olmo(path, given_width(f"verify: {path}", args.dtype, args.vocab_size),
+                                            given_eos(args.eos_id, "verify"), vocab_size=args.vocab_size)
             return path, summary, problems
         prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
         problems = verify_dataset(prefix, vocab_size=args.vocab_size)
@@ -484,7 +489,7 @@ def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
         problems = 0
         try:
             for path in args.paths:
-                report = inspect_path(path, version)
+                report = inspect_path(path, version, eos_id=args.eos_id, dtype=args.dtype)
                 print(report.text, flush=True)
                 problems += len(report.problems)
             if problems:
@@ -697,21 +702,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drop-loss-mask", action="store_true", help=drop_loss)
     p.set_defaults(func=_cmd_convert)
 
-    p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin, .ds) and cache directories for consistency; "
-                                      "exit 0 only if all hold; under mpiexec/srun the ranks share the datasets "
-                                      "and entries and each checks a slice of every blend")
-    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|FILE.ds|CACHE_DIR",
-                   help="a dataset prefix (or its .idx/.bin), a .pbin or .ds file, or a cache directory")
+    olmo_eos = "an OLMo token file's EOS id (OLMo-core's eos_token_id), which ends each of its documents"
+    olmo_dtype = "an OLMo token file's width (OLMo-core's dtype), which the file does not record"
+    p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin, .ds, OLMo .npy) and cache directories for "
+                                      "consistency; exit 0 only if all hold; under mpiexec/srun the ranks share the "
+                                      "datasets and entries and each checks a slice of every blend")
+    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|FILE.ds|FILE.npy|CACHE_DIR",
+                   help="a dataset prefix (or its .idx/.bin), a .pbin, .ds or OLMo .npy file, or a cache directory")
     p.add_argument("--vocab-size", type=positive,
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's): "
-                        "here, also check that every token id is below it")
+                        "here, also check that every token id is below it (and an OLMo file's width without "
+                        "--dtype, by OLMo's rule)")
+    p.add_argument("--eos-id", type=int, help=olmo_eos)
+    p.add_argument("--dtype", choices=["uint16", "uint32"], help=olmo_dtype)
     _add_version_arg(p)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("inspect", help="summarize dataset prefixes or cache directories; exit 2 on an "
                                        "incomplete or altered cache entry")
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="a dataset prefix (or its .idx/.bin), a .pbin or .ds file, or a cache directory")
+                   help="a dataset prefix (or its .idx/.bin), a .pbin, .ds or OLMo .npy file, or a cache directory")
+    p.add_argument("--eos-id", type=int, help=olmo_eos)
+    p.add_argument("--dtype", choices=["uint16", "uint32"], help=olmo_dtype)
     _add_version_arg(p)
     p.set_defaults(func=_cmd_inspect)
 

@@ -11,6 +11,7 @@ import os
 import numpy as np
 import pytest
 
+from megacache.formats import olmo as olmo_format
 from megacache.formats.indexed import write_dataset
 from support.corpus import file_bytes
 
@@ -70,6 +71,23 @@ def test_olmo_files_convert_to_megatron_and_back_byte_for_byte(tmp_path, corpora
     assert read(str(tmp_path / "back.npy")) == read(whole)
 
 
+@pytest.mark.parametrize("chunk", ["2", "256"])
+def test_a_scan_in_small_blocks_cuts_the_same_documents(tmp_path, corpora, megacache, monkeypatch, chunk):
+    """The EOS is searched a block at a time, chunks close across blocks: blocks of 7 tokens, chunks
+    of one document (2 bytes) or of several, give the same dataset, with or without a tail."""
+    monkeypatch.setattr(olmo_format, "SCAN_TOKENS", 7)
+    docs, megatron, whole, tasks = corpora["uint16"]
+    _, eos, _ = KINDS["uint16"]
+    megacache(1, "convert", tasks, str(tmp_path / "m"), "--eos-id", str(eos), "--dtype", "uint16",
+              "--chunk-bytes", chunk)
+    assert file_bytes(str(tmp_path / "m")) == file_bytes(megatron)
+    np.concatenate([*docs, [7, 8, 9]]).astype(np.uint16).tofile(tmp_path / "tail.npy")
+    megacache(1, "convert", str(tmp_path / "tail.npy"), str(tmp_path / "t"), "--eos-id", str(eos), "--dtype",
+              "uint16", "--chunk-bytes", chunk)
+    write_dataset(str(tmp_path / "want"), [*docs, np.array([7, 8, 9])], np.uint16)
+    assert file_bytes(str(tmp_path / "t")) == file_bytes(str(tmp_path / "want"))
+
+
 def test_olmo_serves_the_same_windows_from_a_converted_megatron_dataset(tmp_path, corpora, megacache, olmo):
     jobs, want = [], []
     for kind, (docs, megatron, whole, _) in corpora.items():
@@ -108,3 +126,16 @@ def test_tokens_after_the_last_eos_are_one_more_document(tmp_path, corpora, mega
                              check=False)
     assert code == 2 and f"{tmp_path / 'm'}: document {len(docs)} ends with token 9, not with --eos-id" in err
     assert not os.path.exists(tmp_path / "back.npy")
+
+
+def test_verify_and_inspect_read_olmo_files(corpora, megacache):
+    docs, _, whole, _ = corpora["uint32"]
+    _, eos, vocab = KINDS["uint32"]
+    tokens = sum(map(len, docs))
+    _, out, _ = megacache(1, "verify", whole, "--eos-id", str(eos), "--vocab-size", str(vocab))
+    assert f"ok   {whole}: {len(docs):,} documents, {tokens:,} tokens (uint32, EOS {eos}; OLMo token file)" in out
+    _, out, _ = megacache(1, "inspect", whole, "--eos-id", str(eos), "--dtype", "uint32")
+    lengths = [len(d) for d in docs]
+    assert f"OLMo token file {whole} (headerless uint32 ids, documents ending with EOS {eos})" in out
+    assert f"{len(docs):,} documents, {tokens:,} tokens\n" in out
+    assert f"document length min {min(lengths)} / mean {tokens / len(docs):,.2f} / max {max(lengths)}" in out
