@@ -110,9 +110,9 @@ def _copy_summary(verb: str, r) -> str:
     line = (f"megacache {verb}: {r.inputs} dataset(s) -> {where}: {r.documents:,} documents, {sequences}"
             f"{r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
     if r.joined:
-        line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); a "
-                 f"{'.ds' if is_ds(r.output) else 'OLMo' if is_olmo(r.output) else '.pbin'} document is one run of "
-                 "tokens, so each became one")
+        kind = "a .ds" if is_ds(r.output) else "an OLMo" if is_olmo(r.output) else "a .pbin"
+        line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); {kind} document "
+                 "is one run of tokens, so each became one")
     if r.loss_masks:
         line += (f"\n  {r.loss_masks} input(s) had a .ds.loss mask, not carried (no output format holds one): "
                  + ("--drop-loss-mask: the tokens were written without it, masked ones too" if r.loss_masks_dropped

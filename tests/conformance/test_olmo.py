@@ -88,6 +88,19 @@ def test_a_scan_in_small_blocks_cuts_the_same_documents(tmp_path, corpora, megac
     assert file_bytes(str(tmp_path / "t")) == file_bytes(str(tmp_path / "want"))
 
 
+def test_a_jobs_files_go_to_parts_and_back_each_whole(tmp_path, corpora, megacache):
+    """A folder of task files into --max-size parts of whole files, and those parts back: each part is
+    one task's file again, named in the parts' order."""
+    _, _, _, tasks = corpora["uint16"]
+    _, eos, _ = KINDS["uint16"]
+    names = sorted(os.listdir(tasks))
+    megacache(1, "convert", tasks, str(tmp_path / "m"), "--eos-id", str(eos), "--dtype", "uint16", "--max-size", "1")
+    parts = [str(tmp_path / f"m-{k:05d}-of-00003") for k in range(3)]
+    megacache(1, "convert", *parts, str(tmp_path / "back.npy"), "--eos-id", str(eos), "--max-size", "1")
+    for k, name in enumerate(names):
+        assert read(str(tmp_path / f"back-{k:05d}-of-00003.npy")) == read(os.path.join(tasks, name))
+
+
 def test_olmo_serves_the_same_windows_from_a_converted_megatron_dataset(tmp_path, corpora, megacache, olmo):
     jobs, want = [], []
     for kind, (docs, megatron, whole, _) in corpora.items():
