@@ -291,12 +291,15 @@ def _plan_olmo_file(path: str, source: int, chunk_bytes: int, dtype: np.dtype, e
     return f.dtype, chunks, counts
 
 
-def _load_olmo(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCounts) -> Part:
+def _load_olmo(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCounts, tails: list[int]) -> Part:
+    """A chunk of an OLMo file, its EOS found again; ``tails[0]`` counts the chunks that end with
+    ids after the file's last EOS."""
     f = opened(chunk.source, paths[chunk.source])
     stop = chunk.token_start + count.tokens
     ends = np.concatenate([[chunk.token_start], *f.document_ends(chunk.token_start, stop)], dtype=np.int64)
     if ends[-1] != stop:  # the file's last document, without EOS
         ends = np.append(ends, stop)
+        tails[0] += 1
     if len(ends) - 1 != count.documents:
         raise MegacacheError(f"{f.path}: tokens {chunk.token_start}..{stop} changed since the copy was planned")
     lengths = np.diff(ends)
@@ -312,18 +315,19 @@ def _check_terminated(part: Part, eos_id: int, source: str, doc_start: int) -> N
     """Each of a part's documents must end with the EOS to become an OLMo document: OLMo finds
     documents by it alone, and megacache adds no token."""
     lengths = part.document_lengths()
-    last = np.cumsum(lengths) - 1
-    if len(lengths):
-        dtype = np.dtype(part.token_dtype)
-        tokens = np.memmap(part.token_file, dtype=dtype, mode="r", offset=part.token_offset, shape=(int(last[-1]) + 1,))
-        found = np.full(len(lengths), -1, dtype=np.int64)
-        found[lengths > 0] = tokens[last[lengths > 0]]
-        bad = first_bad(found != eos_id)
-        if bad is not None:
-            what = "is empty" if lengths[bad] == 0 else f"ends with token {int(found[bad])}"
-            raise MegacacheError(f"{source}: document {doc_start + bad} {what}, not with --eos-id {eos_id}; an OLMo "
-                                 "file's documents are found by their EOS alone, so every document must end with "
-                                 "it (tokenize with --append-eod, or check --eos-id)")
+    ends = np.cumsum(lengths)
+    found = np.full(len(lengths), -1, dtype=np.int64)  # an empty document ends with no id
+    full = lengths > 0
+    if full.any():  # one id read per document
+        tokens = np.memmap(part.token_file, dtype=np.dtype(part.token_dtype), mode="r", offset=part.token_offset,
+                           shape=(int(ends[-1]),))
+        found[full] = tokens[ends[full] - 1]
+    bad = first_bad(found != eos_id)
+    if bad is not None:
+        what = "is empty" if lengths[bad] == 0 else f"ends with token {int(found[bad])}"
+        raise MegacacheError(f"{source}: document {doc_start + bad} {what}, not with --eos-id {eos_id}; an OLMo "
+                             "file's documents are found by their EOS alone, so every document must end with it "
+                             "(tokenize with --append-eod, or check --eos-id)")
 
 
 def _load_pbin(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCounts) -> Part:
@@ -432,10 +436,7 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: st
         if in_kind == "ds":
             return _load_ds(inputs, opened, chunks[i], counts[i], drop_loss_mask)
         if in_kind == "olmo":
-            part = _load_olmo(inputs, opened, chunks[i], counts[i])
-            # only a file's last chunk can end without an EOS
-            unterminated[0] += int(opened.value.tokens[chunks[i].token_start + counts[i].tokens - 1]) != eos_id
-            return part
+            return _load_olmo(inputs, opened, chunks[i], counts[i], unterminated)
         part = _load_megatron(inputs, opened, chunks[i], counts[i])
         joined[0] += int(np.count_nonzero(np.diff(part.document_ends, prepend=0) > 1))
         return part
@@ -474,7 +475,6 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: st
             finally:
                 discard(out, guard.job)
     losses = [p for p in inputs if os.path.exists(loss_path(p))] if in_kind == "ds" else []
-
     return MergeResult(output=output, documents=documents, sequences=sequences, tokens=sum(c.tokens for c in counts),
                        inputs=len(inputs), seconds=time.monotonic() - t0, ranks=comm.size,
                        joined=comm.allreduce(joined[0]) if out_kind != "megatron" else 0,
@@ -488,8 +488,8 @@ _COMPANIONS = (".ds.index", ".ds.loss", ".ds.metadata")
 
 def _folder(path: str) -> list[str]:
     """The datasets in a folder, in name order: its ``.ds`` files, its ``.pbin`` files, its OLMo
-    token files (``.npy``) or its Megatron prefixes (``.idx``), the one kind it holds. datatrove names a job's files by
-    zero-padded task number, so name order is its task order."""
+    token files (``.npy``) or its Megatron prefixes (``.idx``), the one kind it holds. datatrove
+    names a job's files by zero-padded task number, so name order is its task order."""
     names = sorted(os.listdir(path))
     found = {kind: [os.path.join(path, n) for n in names if n.endswith(suffix)]
              for kind, suffix in (("ds", ".ds"), ("pbin", ".pbin"), ("olmo", ".npy"), ("megatron", ".idx"))}
@@ -567,10 +567,10 @@ def convert(sources: str | list[str], output: str, comm: Comm | None = None, voc
             chunk_bytes: int = DEFAULT_CHUNK_BYTES, drop_loss_mask: bool = False, input_list: str | None = None,
             max_size: int | None = None, eos_id: int | None = None, dtype: str | None = None) -> MergeResult:
     """Datasets of one format (folders and glob patterns as ``expand_inputs`` reads them), in order,
-    as one dataset in another format: a Megatron prefix, a ``.pbin`` (Modalities) or a ``.ds``
-    (datatrove); or as parts of at most ``max_size`` bytes of tokens, as ``merge``.
-    ``vocab_size`` picks the output's token size by the output format's rule; without it the
-    sources' tokens decide. A ``.ds.loss`` mask is not carried: a mask that masks a token is
+    as one dataset in another format: a Megatron prefix, a ``.pbin`` (Modalities), a ``.ds``
+    (datatrove) or an OLMo token file (``.npy``); or as parts of at most ``max_size`` bytes of
+    tokens, as ``merge``. ``vocab_size`` picks the output's token size by the output format's rule;
+    without it the sources' tokens decide. A ``.ds.loss`` mask is not carried: a mask that masks a token is
     refused unless ``drop_loss_mask``. OLMo token files (docs/olmo.md), as input or output, need
     ``eos_id``; ``dtype`` (uint16 or uint32) is their width, else ``vocab_size`` gives it by OLMo's
     rule; an OLMo input needs one of them, an OLMo output takes the sources' width without."""
