@@ -71,6 +71,19 @@ def test_olmo_files_convert_to_megatron_and_back_byte_for_byte(tmp_path, corpora
     assert read(str(tmp_path / "back.npy")) == read(whole)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_olmo_files_go_through_pbin_and_ds_and_back(tmp_path, corpora, megacache, kind):
+    """Through Modalities' and datatrove's formats too: the same bytes come back."""
+    _, _, whole, tasks = corpora[kind]
+    _, eos, _ = KINDS[kind]
+    for suffix in (".pbin", ".ds"):
+        there = str(tmp_path / f"x{suffix}")
+        megacache(1, "convert", tasks, there, "--eos-id", str(eos), "--dtype", kind, "--chunk-bytes", "256")
+        megacache(1, "convert", there, str(tmp_path / f"back{suffix}.npy"), "--eos-id", str(eos), "--chunk-bytes",
+                  "256")
+        assert read(str(tmp_path / f"back{suffix}.npy")) == read(whole), suffix
+
+
 @pytest.mark.parametrize("chunk", ["2", "256"])
 def test_a_scan_in_small_blocks_cuts_the_same_documents(tmp_path, corpora, megacache, monkeypatch, chunk):
     """The EOS is searched a block at a time, chunks close across blocks: blocks of 7 tokens, chunks
