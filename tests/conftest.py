@@ -74,6 +74,35 @@ def datatrove():
     return oracle
 
 
+@pytest.fixture(scope="session")
+def olmo():
+    """The OLMo oracle: the ai2-olmo-core package, 3.0.0 (its numpy datasets, tests/support/olmo.py)."""
+    from importlib.metadata import version
+
+    assert version("ai2-olmo-core") == "3.0.0", version("ai2-olmo-core")
+    from support import olmo as oracle
+
+    return oracle
+
+
+@pytest.fixture
+def megacache(capsys):
+    """``megacache ARGS`` on ``ranks`` ranks: one rank in this process (no interpreter to start), more
+    under mpiexec. Returns the exit code and what it printed."""
+    from megacache.interfaces.cli import main
+    from support.corpus import run_megacache
+
+    def run(ranks: int, *args: str, check: bool = True) -> tuple[int, str, str]:
+        if ranks > 1:
+            proc = run_megacache(ranks, *args, check=check)
+            return proc.returncode, proc.stdout, proc.stderr
+        code = main(list(args))
+        out = capsys.readouterr()
+        assert code == 0 or not check, out.out + out.err
+        return code, out.out, out.err
+    return run
+
+
 @pytest.fixture(autouse=True)
 def library_logging():
     """Each test starts from the library's logging as an importing program finds it (no handler,

@@ -34,6 +34,10 @@ pip_install --no-deps modalities==0.5.0
 # The .ds oracle, the same way: its tokenizer step and reader need tokenizers, numpy, torch, fsspec
 # and huggingface-hub (all above) and loguru and humanize (the test extra), not its processing stack.
 pip_install --no-deps datatrove==0.10.1
+# The OLMo oracle, the same way: its numpy datasets need torch (pinned above), cached-path (whose pins
+# of rich, filelock and huggingface-hub would downgrade them; the schemes it loads need only
+# google-cloud-storage and boto3, in the test extra) and what that extra adds, not its training stack.
+pip_install --no-deps ai2-olmo-core==3.0.0 cached-path==1.8.10
 # A one-node Slurm for tests/system/test_slurm.py (installs slurm-wlm + munge with apt-get). Where
 # that is possible (root, Debian) a failed start fails the run; elsewhere the test skips, saying why.
 # GlusterFS for the cluster tier (tests/cluster): the same rule.

@@ -1,4 +1,5 @@
-"""Parallel in-place assembly of one dataset, Megatron's ``.bin/.idx``, a ``.pbin`` or a ``.ds``, from ordered parts.
+"""Parallel in-place assembly of one dataset, Megatron's ``.bin/.idx``, a ``.pbin``, a ``.ds`` or an OLMo
+token file, from ordered parts.
 
 Tokenize, merge and convert all end here. A *part* is a run of consecutive documents (a tokenized
 work unit, or a chunk of an input dataset). Every rank knows every part's counts (documents,
@@ -26,6 +27,7 @@ from ..errors import MegacacheError
 from ..formats import pickled_pairs
 from ..formats.datatrove import DsWriter, index_path, is_ds, loss_path, metadata_path, metadata_text
 from ..formats.indexed import IndexLayout, IndexWriter, bin_path, idx_path
+from ..formats.olmo import OlmoWriter, is_olmo
 from ..formats.pbin import TOKEN_DTYPES, PbinWriter, is_pbin
 from ..runtime.fsio import (copy_range, fsync_dir, publish as publish_file, pwrite_all, remove_quietly, tmp_path,
                             write_new_file)
@@ -237,9 +239,35 @@ def assemble_ds(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts]
     return documents
 
 
+def assemble_olmo(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts], mine: list[int],
+                  load: Callable[[int], Part], tag: str) -> int:
+    """Write the OLMo token file ``path`` from ``counts`` and this rank's parts ``mine`` (as
+    ``assemble``): the parts' tokens back to back, nothing else (each document must already end with
+    the EOS: the caller checks). Returns the documents."""
+    tokens = np.array([c.tokens for c in counts], dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(tokens)[:-1]))
+    tmp = tmp_path(path, tag)
+    comm.on_root(lambda: OlmoWriter.create(tmp, int(tokens.sum()) * dtype.itemsize), "preallocating the output")
+    with comm.agreed(f"writing {path}"):
+        with OlmoWriter(tmp) as writer:
+            for p in mine:
+                part = load(p)
+                if int(part.sequence_lengths.sum(dtype=np.int64)) != counts[p].tokens:
+                    raise RuntimeError(f"part {p} does not match its recorded counts {counts[p]}")
+                _write_tokens(part, counts[p].tokens, dtype, writer.fd, int(starts[p]) * dtype.itemsize, path)
+            writer.sync()
+
+    def publish() -> None:
+        os.replace(tmp, path)
+        fsync_dir(path)
+
+    comm.on_root(publish, f"publishing {path}")
+    return sum(c.documents for c in counts)
+
+
 def discard(output: str, tag: str) -> None:
-    """Remove the temporaries an assembly of ``output`` (a prefix, a ``.pbin`` or a ``.ds``) with this tag may have
-    left."""
+    """Remove the temporaries an assembly of ``output`` (a prefix, a ``.pbin``, a ``.ds`` or an OLMo
+    file) with this tag may have left."""
     for path in _files(output):
         remove_quietly(tmp_path(path, tag))
 
@@ -247,7 +275,7 @@ def discard(output: str, tag: str) -> None:
 def _files(output: str) -> tuple[str, ...]:
     if is_ds(output):
         return output, index_path(output), metadata_path(output)
-    return (output,) if is_pbin(output) else (idx_path(output), bin_path(output))
+    return (output,) if is_pbin(output) or is_olmo(output) else (idx_path(output), bin_path(output))
 
 
 def temporaries(output: str) -> tuple[str, ...]:

@@ -1,18 +1,20 @@
 """``megacache merge`` and ``megacache convert``: datasets copied, in the order given, into one.
 
-A dataset is a Megatron prefix (``.bin/.idx``), a Modalities ``.pbin`` (a path ending in ``.pbin``)
-or a datatrove ``.ds`` (a path ending in ``.ds``, beside its ``.ds.index``). Merge concatenates
+A dataset is a Megatron prefix (``.bin/.idx``), a Modalities ``.pbin`` (a path ending in ``.pbin``),
+a datatrove ``.ds`` (a path ending in ``.ds``, beside its ``.ds.index``) or an OLMo token file (a
+path ending in ``.npy``, without numpy's header; convert only). Merge concatenates
 datasets of one format into that format: for Megatron prefixes the result equals Megatron's
 ``IndexedDatasetBuilder.add_index`` over them (documents appended, boundaries shifted, pointers
 recomputed); for ``.pbin`` files the offsets of each file are shifted by the data before it
 (docs/modalities.md §4), for ``.ds`` files the document ends. Convert writes one dataset in another
-format (docs/datatrove.md §2 for what maps to what).
+format (docs/datatrove.md §2 and docs/olmo.md §2 for what maps to what).
 
 Both run in parallel the same way: each input is cut into chunks of whole documents, chunks are
 parts for ``assemble``, and each rank copies its chunks' tokens from the input into place (inside
 the kernel when the token size stays, a block at a time when it changes). A ``.pbin`` or ``.ds``
-input's index is read by one rank per file, a window at a time, to plan its chunks; each chunk's
-owner then reads its window again (a ``.pbin``'s decoded from the nearest decoder checkpoint).
+input's index is read by one rank per file, a window at a time, to plan its chunks (an OLMo file's
+tokens are scanned for the EOS a block at a time instead); each chunk's owner then reads its window
+again (a ``.pbin``'s decoded from the nearest decoder checkpoint, an OLMo file's scanned again).
 Memory per rank follows its chunks and windows.
 """
 
@@ -31,9 +33,11 @@ from ..errors import MegacacheError
 from ..formats.datatrove import TOKEN_DTYPES as DS_DTYPES, DsFile, is_ds, loss_path
 from ..formats.datatrove import token_size as ds_token_size
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, optimal_dtype
+from ..formats.olmo import (TOKEN_DTYPES as OLMO_DTYPES, OlmoFile, check_eos, dtype_for_vocab, given_eos, given_width,
+                            is_olmo)
 from ..formats.pbin import (CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, expected_offsets, is_pbin,
                             merge_bug_hint, token_size)
-from .assemble import Part, PartCounts, assemble, assemble_ds, assemble_pbin, discard, guarded_output
+from .assemble import Part, PartCounts, assemble, assemble_ds, assemble_olmo, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
 
 DEFAULT_CHUNK_BYTES = 256 << 20
@@ -42,11 +46,13 @@ DEFAULT_CHUNK_BYTES = 256 << 20
 _PBIN_SIZE_OF = {np.dtype(np.uint8): 1, np.dtype(np.uint16): 2, np.dtype(np.int32): 4}
 #: a token width -> the .ds dtype, when no --vocab-size says otherwise (a .ds holds 2 or 4 bytes)
 _DS_DTYPE_OF = {1: DS_DTYPES[2], 2: DS_DTYPES[2], 4: DS_DTYPES[4]}
-_NAMES = {"megatron": "Megatron prefix", "pbin": ".pbin file", "ds": ".ds file"}
-_SUFFIXES = {"pbin": ".pbin", "ds": ".ds"}
+#: the same for an OLMo token file
+_OLMO_DTYPE_OF = {1: OLMO_DTYPES["uint16"], 2: OLMO_DTYPES["uint16"], 4: OLMO_DTYPES["uint32"]}
+_NAMES = {"megatron": "Megatron prefix", "pbin": ".pbin file", "ds": ".ds file", "olmo": "OLMo token file"}
+_SUFFIXES = {"pbin": ".pbin", "ds": ".ds", "olmo": ".npy"}
 #: the token dtypes each output format holds (merge's --dtype)
 _DTYPES_OF = {"megatron": [np.dtype(t) for t in ("uint8", "int8", "uint16", "int16", "int32", "int64")],
-              "pbin": list(TOKEN_DTYPES.values()), "ds": list(DS_DTYPES.values())}
+              "pbin": list(TOKEN_DTYPES.values()), "ds": list(DS_DTYPES.values()), "olmo": list(OLMO_DTYPES.values())}
 #: a .pbin token size -> the Megatron dtype, when no --vocab-size says otherwise (Megatron's rule
 #: gives uint16 to every vocabulary a 1- or 2-byte .pbin can hold, except 65500..65536)
 _MEGATRON_DTYPE_OF = {1: np.dtype(np.uint16), 2: np.dtype(np.uint16), 4: np.dtype(np.int32)}
@@ -57,6 +63,7 @@ class Chunk:
     source: int     # index into the inputs
     doc_start: int
     doc_stop: int
+    token_start: int = 0  # where doc_start begins, in tokens (an OLMo file's chunk: no index says)
 
 
 @dataclass
@@ -71,6 +78,7 @@ class MergeResult:
     joined: int  # documents of several sequences that became one (a .pbin or .ds has no sentence boundaries)
     loss_masks: int = 0  # inputs with a .ds.loss (never carried: no output format holds one)
     loss_masks_dropped: bool = False  # some masked tokens were written without their mask (--drop-loss-mask)
+    unterminated: int = 0  # OLMo inputs whose last document has no EOS (kept as a document all the same)
     outputs: list[str] = field(default_factory=list)  # the datasets written: ``output``, or its --max-size parts
 
 
@@ -257,6 +265,71 @@ def _load_ds(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCounts,
                 token_file=f.path, token_offset=int(ends[0]) * f.token_size, token_dtype=f.dtype)
 
 
+def _plan_olmo_file(path: str, source: int, chunk_bytes: int, dtype: np.dtype, eos_id: int
+                    ) -> tuple[np.dtype, list[Chunk], list[PartCounts]]:
+    """One OLMo file's chunks of whole documents, each closed by the first EOS at or past about
+    ``chunk_bytes`` of tokens, found by scanning the file a block at a time for the EOS."""
+    f = OlmoFile(path, dtype, eos_id)
+    per_chunk = max(1, chunk_bytes // f.dtype.itemsize)
+    chunks, counts = [], []
+    start_doc = start_tok = pending = 0  # the open chunk: its first document and token, documents in it
+    for ends in f.document_ends(0, f.token_count):
+        at = 0
+        while True:  # one pass per chunk closed in this block
+            k = at + int(np.searchsorted(ends[at:], start_tok + per_chunk))
+            if k == len(ends):
+                break
+            docs = pending + k - at + 1
+            chunks.append(Chunk(source, start_doc, start_doc + docs, start_tok))
+            counts.append(PartCounts(docs, docs, int(ends[k]) - start_tok))
+            start_doc, start_tok, pending, at = start_doc + docs, int(ends[k]), 0, k + 1
+        pending += len(ends) - at
+    pending += not f.terminated  # the ids after the last EOS: one more document
+    if pending:
+        chunks.append(Chunk(source, start_doc, start_doc + pending, start_tok))
+        counts.append(PartCounts(pending, pending, f.token_count - start_tok))
+    return f.dtype, chunks, counts
+
+
+def _load_olmo(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCounts, tails: list[int]) -> Part:
+    """A chunk of an OLMo file, its EOS found again; ``tails[0]`` counts the chunks that end with
+    ids after the file's last EOS."""
+    f = opened(chunk.source, paths[chunk.source])
+    stop = chunk.token_start + count.tokens
+    ends = np.concatenate([[chunk.token_start], *f.document_ends(chunk.token_start, stop)], dtype=np.int64)
+    if ends[-1] != stop:  # the file's last document, without EOS
+        ends = np.append(ends, stop)
+        tails[0] += 1
+    if len(ends) - 1 != count.documents:
+        raise MegacacheError(f"{f.path}: tokens {chunk.token_start}..{stop} changed since the copy was planned")
+    lengths = np.diff(ends)
+    if int(lengths.max()) > np.iinfo(np.int32).max:
+        d = chunk.doc_start + int(np.argmax(lengths))
+        raise MegacacheError(f"{f.path}: document {d} holds {int(lengths.max()):,} tokens, more than a Megatron "
+                             "sequence's length (int32) holds")
+    return Part(sequence_lengths=lengths.astype(np.int32), document_ends=np.arange(1, len(lengths) + 1),
+                token_file=f.path, token_offset=chunk.token_start * f.dtype.itemsize, token_dtype=f.dtype)
+
+
+def _check_terminated(part: Part, eos_id: int, source: str, doc_start: int) -> None:
+    """Each of a part's documents must end with the EOS to become an OLMo document: OLMo finds
+    documents by it alone, and megacache adds no token."""
+    lengths = part.document_lengths()
+    ends = np.cumsum(lengths)
+    found = np.full(len(lengths), -1, dtype=np.int64)  # an empty document ends with no id
+    full = lengths > 0
+    if full.any():  # one id read per document
+        tokens = np.memmap(part.token_file, dtype=np.dtype(part.token_dtype), mode="r", offset=part.token_offset,
+                           shape=(int(ends[-1]),))
+        found[full] = tokens[ends[full] - 1]
+    bad = first_bad(found != eos_id)
+    if bad is not None:
+        what = "is empty" if lengths[bad] == 0 else f"ends with token {int(found[bad])}"
+        raise MegacacheError(f"{source}: document {doc_start + bad} {what}, not with --eos-id {eos_id}; an OLMo "
+                             "file's documents are found by their EOS alone, so every document must end with it "
+                             "(tokenize with --append-eod, or check --eos-id)")
+
+
 def _load_pbin(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCounts) -> Part:
     f = opened(chunk.source, paths[chunk.source])
     offsets, lengths = f.document_window(chunk.doc_start, chunk.doc_stop - chunk.doc_start)
@@ -271,8 +344,9 @@ def _load_pbin(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCount
 
 
 def _kind(path: str) -> str:
-    """The format a path names: a ``.ds`` (datatrove), a ``.pbin`` (Modalities), else a Megatron prefix."""
-    return "ds" if is_ds(path) else "pbin" if is_pbin(path) else "megatron"
+    """The format a path names: a ``.ds`` (datatrove), a ``.pbin`` (Modalities), a ``.npy`` (an OLMo
+    token file), else a Megatron prefix."""
+    return "ds" if is_ds(path) else "pbin" if is_pbin(path) else "olmo" if is_olmo(path) else "megatron"
 
 
 def _output_dtype(kind: str, source_kind: str, sources: list[str], dtypes: list[np.dtype], vocab_size: int | None,
@@ -288,6 +362,8 @@ def _output_dtype(kind: str, source_kind: str, sources: list[str], dtypes: list[
     if vocab_size is not None:
         if kind == "pbin":
             return TOKEN_DTYPES[token_size(vocab_size)]
+        if kind == "olmo":
+            return dtype_for_vocab(vocab_size)
         return DS_DTYPES[ds_token_size(vocab_size)] if kind == "ds" else optimal_dtype(vocab_size)
     other = next((j for j, d in enumerate(dtypes) if d != dtypes[0]), None)
     if other is not None:
@@ -302,12 +378,13 @@ def _output_dtype(kind: str, source_kind: str, sources: list[str], dtypes: list[
     if width is None:
         raise MegacacheError(f"{verb}: {sources[0]} holds {source_dtype.name} tokens, which a {_NAMES[kind]} does "
                              "not hold as they are; give --vocab-size to choose the token size")
-    return {"megatron": _MEGATRON_DTYPE_OF, "pbin": TOKEN_DTYPES, "ds": _DS_DTYPE_OF}[kind][width]
+    by_width = {"megatron": _MEGATRON_DTYPE_OF, "pbin": TOKEN_DTYPES, "ds": _DS_DTYPE_OF, "olmo": _OLMO_DTYPE_OF}
+    return by_width[kind][width]
 
 
 def part_name(output: str, k: int, n: int) -> str:
     """The name of part ``k`` of ``n`` of a ``--max-size`` output: ``OUT-00003-of-00012`` (a prefix),
-    ``OUT-00003-of-00012.pbin`` / ``.ds``: names that sort in the parts' order."""
+    ``OUT-00003-of-00012.pbin`` / ``.ds`` / ``.npy``: names that sort in the parts' order."""
     stem, suffix = (output[: -len(s)], s) if (s := _SUFFIXES.get(_kind(output))) else (output, "")
     return f"{stem}-{k:05d}-of-{n:05d}{suffix}"
 
@@ -328,14 +405,19 @@ def _groups(input_tokens: list[int], itemsize: int, max_size: int | None) -> lis
 
 
 def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: str, *, vocab_size: int | None = None,
-          dtype: np.dtype | None = None, max_size: int | None = None, drop_loss_mask: bool = False) -> MergeResult:
+          dtype: np.dtype | None = None, max_size: int | None = None, drop_loss_mask: bool = False,
+          eos_id: int | None = None, olmo_input_dtype: np.dtype | None = None) -> MergeResult:
     t0 = time.monotonic()
     in_kind, out_kind = _kind(inputs[0]), _kind(output)
     planner = {"pbin": lambda p, j: _plan_pbin_file(p, j, chunk_bytes),
                "ds": lambda p, j: _plan_ds_file(p, j, chunk_bytes),
+               "olmo": lambda p, j: _plan_olmo_file(p, j, chunk_bytes, olmo_input_dtype, eos_id),
                "megatron": lambda p, j: _plan_megatron_file(p, j, chunk_bytes)}[in_kind]
-    dtypes, chunks, counts = _plan_files(comm, inputs, planner, f"{_NAMES[in_kind]} indices")
+    what = "OLMo token files' documents" if in_kind == "olmo" else f"{_NAMES[in_kind]} indices"
+    dtypes, chunks, counts = _plan_files(comm, inputs, planner, what)
     dtype = _output_dtype(out_kind, in_kind, inputs, dtypes, vocab_size, dtype, verb)
+    if out_kind == "olmo":
+        check_eos(eos_id, dtype, output)
 
     input_tokens = [0] * len(inputs)
     for c, n in zip(chunks, counts):
@@ -344,16 +426,25 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: st
     outputs = [output] if max_size is None else [part_name(output, k, len(groups)) for k in range(len(groups))]
     _check_inputs(inputs, outputs, verb)
     first_chunk = np.searchsorted([c.source for c in chunks], [a for a, _ in groups] + [len(inputs)])
-    opened = _Opened({"pbin": PackedFile, "ds": DsFile, "megatron": IndexedDataset}[in_kind])
-    joined = [0]
+    opened = _Opened({"pbin": PackedFile, "ds": DsFile, "megatron": IndexedDataset,
+                      "olmo": lambda p: OlmoFile(p, olmo_input_dtype, eos_id)}[in_kind])
+    joined, unterminated = [0], [0]
 
-    def load(i: int) -> Part:
+    def read(i: int) -> Part:
         if in_kind == "pbin":
             return _load_pbin(inputs, opened, chunks[i], counts[i])
         if in_kind == "ds":
             return _load_ds(inputs, opened, chunks[i], counts[i], drop_loss_mask)
+        if in_kind == "olmo":
+            return _load_olmo(inputs, opened, chunks[i], counts[i], unterminated)
         part = _load_megatron(inputs, opened, chunks[i], counts[i])
         joined[0] += int(np.count_nonzero(np.diff(part.document_ends, prepend=0) > 1))
+        return part
+
+    def load(i: int) -> Part:
+        part = read(i)
+        if out_kind == "olmo":
+            _check_terminated(part, eos_id, inputs[chunks[i].source], chunks[i].doc_start)
         return part
 
     documents = sequences = 0
@@ -374,6 +465,9 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: st
                 elif out_kind == "ds":
                     n = assemble_ds(comm, out, dtype, counts[c0:c1], mine, group, guard.job)
                     documents, sequences = documents + n, sequences + n
+                elif out_kind == "olmo":
+                    n = assemble_olmo(comm, out, dtype, counts[c0:c1], mine, group, guard.job)
+                    documents, sequences = documents + n, sequences + n
                 else:
                     layout = assemble(comm, out, dtype, counts[c0:c1], mine, group, guard.job)
                     documents += layout.document_count - 1
@@ -384,7 +478,8 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: st
     return MergeResult(output=output, documents=documents, sequences=sequences, tokens=sum(c.tokens for c in counts),
                        inputs=len(inputs), seconds=time.monotonic() - t0, ranks=comm.size,
                        joined=comm.allreduce(joined[0]) if out_kind != "megatron" else 0,
-                       loss_masks=len(losses), loss_masks_dropped=drop_loss_mask and bool(losses), outputs=outputs)
+                       loss_masks=len(losses), loss_masks_dropped=drop_loss_mask and bool(losses), outputs=outputs,
+                       unterminated=comm.allreduce(unterminated[0]) if in_kind == "olmo" else 0)
 
 
 #: the files beside a .ds that a glob may also match
@@ -392,18 +487,18 @@ _COMPANIONS = (".ds.index", ".ds.loss", ".ds.metadata")
 
 
 def _folder(path: str) -> list[str]:
-    """The datasets in a folder, in name order: its ``.ds`` files, its ``.pbin`` files or its
-    Megatron prefixes (``.idx``), the one kind it holds. datatrove names a job's files by
-    zero-padded task number, so name order is its task order."""
+    """The datasets in a folder, in name order: its ``.ds`` files, its ``.pbin`` files, its OLMo
+    token files (``.npy``) or its Megatron prefixes (``.idx``), the one kind it holds. datatrove
+    names a job's files by zero-padded task number, so name order is its task order."""
     names = sorted(os.listdir(path))
     found = {kind: [os.path.join(path, n) for n in names if n.endswith(suffix)]
-             for kind, suffix in (("ds", ".ds"), ("pbin", ".pbin"), ("megatron", ".idx"))}
+             for kind, suffix in (("ds", ".ds"), ("pbin", ".pbin"), ("olmo", ".npy"), ("megatron", ".idx"))}
     found["megatron"] = [idx[:-4] for idx in found["megatron"]]
     kinds = [kind for kind, files in found.items() if files]
     if len(kinds) != 1:
         what = "no" if not kinds else "several kinds of"
-        raise MegacacheError(f"{path}: a folder of {what} datasets (.ds files, .pbin files, Megatron .idx/.bin "
-                             "prefixes); give a folder of one kind, or the datasets one by one")
+        raise MegacacheError(f"{path}: a folder of {what} datasets (.ds files, .pbin files, OLMo .npy files, "
+                             "Megatron .idx/.bin prefixes); give a folder of one kind, or the datasets one by one")
     return found[kinds[0]]
 
 
@@ -458,6 +553,9 @@ def merge(inputs: list[str], output: str, comm: Comm | None = None, chunk_bytes:
     inputs = comm.on_root(lambda: expand_inputs(inputs, input_list), "listing the inputs")
     _check_inputs(inputs, [output], "merge")
     kinds = {_kind(p) for p in inputs + [output]}
+    if "olmo" in kinds:
+        raise MegacacheError("merge: OLMo token files are not merged (OLMo-core takes a list of them; `cat` joins "
+                             "them); megacache convert turns them into another format")
     if len(kinds) > 1:
         raise MegacacheError("merge: the inputs and the output must all be .pbin files, all .ds files or all "
                              "Megatron prefixes; megacache convert changes the format")
@@ -467,25 +565,40 @@ def merge(inputs: list[str], output: str, comm: Comm | None = None, chunk_bytes:
 
 def convert(sources: str | list[str], output: str, comm: Comm | None = None, vocab_size: int | None = None,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES, drop_loss_mask: bool = False, input_list: str | None = None,
-            max_size: int | None = None) -> MergeResult:
+            max_size: int | None = None, eos_id: int | None = None, dtype: str | None = None) -> MergeResult:
     """Datasets of one format (folders and glob patterns as ``expand_inputs`` reads them), in order,
-    as one dataset in another format: a Megatron prefix, a ``.pbin`` (Modalities) or a ``.ds``
-    (datatrove); or as parts of at most ``max_size`` bytes of tokens, as ``merge``.
-    ``vocab_size`` picks the output's token size by the output format's rule; without it the
-    sources' tokens decide. A ``.ds.loss`` mask is not carried: a mask that masks a token is
-    refused unless ``drop_loss_mask``."""
+    as one dataset in another format: a Megatron prefix, a ``.pbin`` (Modalities), a ``.ds``
+    (datatrove) or an OLMo token file (``.npy``); or as parts of at most ``max_size`` bytes of
+    tokens, as ``merge``. ``vocab_size`` picks the output's token size by the output format's rule;
+    without it the sources' tokens decide. A ``.ds.loss`` mask is not carried: a mask that masks a token is
+    refused unless ``drop_loss_mask``. OLMo token files (docs/olmo.md), as input or output, need
+    ``eos_id``; ``dtype`` (uint16 or uint32) is their width, else ``vocab_size`` gives it by OLMo's
+    rule; an OLMo input needs one of them, an OLMo output takes the sources' width without."""
     comm = comm or get_comm()
     given = [sources] if isinstance(sources, str) else list(sources)
     inputs = comm.on_root(lambda: expand_inputs(given, input_list), "listing the inputs")
     _check_inputs(inputs, [output], "convert")
     kinds = {_kind(p) for p in inputs}
     if len(kinds) > 1:
-        raise MegacacheError(f"convert: the inputs must all be of one format, .pbin files, .ds files or Megatron "
-                             f"prefixes; {inputs[0]} and {next(p for p in inputs if _kind(p) != _kind(inputs[0]))} "
+        other = next(p for p in inputs if _kind(p) != _kind(inputs[0]))
+        raise MegacacheError(f"convert: the inputs must all be of one format, .pbin files, .ds files, OLMo .npy "
+                             f"files or Megatron prefixes; {inputs[0]} and {other} "
                              "are not")
     if _kind(inputs[0]) == _kind(output):
         raise MegacacheError(f"convert: {inputs[0]} and {output} are in one format ({_NAMES[_kind(output)]}); give "
-                             "the output in another: a path ending in .pbin (Modalities), in .ds (datatrove), or a "
-                             "Megatron prefix (megacache merge copies within a format)")
-    return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size, max_size=max_size,
-                 drop_loss_mask=drop_loss_mask)
+                             "the output in another: a path ending in .pbin (Modalities), in .ds (datatrove), in "
+                             ".npy (OLMo), or a Megatron prefix (megacache merge copies within a format)")
+    in_kind, out_kind = _kind(inputs[0]), _kind(output)
+    if "olmo" not in (in_kind, out_kind):
+        if eos_id is not None or dtype is not None:
+            raise MegacacheError("convert: --eos-id and --dtype are for OLMo token files (.npy), and neither the "
+                                 "inputs nor the output is one")
+        return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size, max_size=max_size,
+                     drop_loss_mask=drop_loss_mask)
+    eos_id = given_eos(eos_id, "convert")
+    if in_kind == "olmo":
+        return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size, max_size=max_size,
+                     eos_id=eos_id, olmo_input_dtype=given_width(f"convert: {inputs[0]}", dtype, vocab_size))
+    return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size,
+                 dtype=None if dtype is None else OLMO_DTYPES[dtype], max_size=max_size,
+                 drop_loss_mask=drop_loss_mask, eos_id=eos_id)

@@ -99,9 +99,10 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
 
 def _copy_summary(verb: str, r) -> str:
     from ..formats.datatrove import is_ds
+    from ..formats.olmo import is_olmo
     from ..formats.pbin import is_pbin
 
-    megatron = not (is_pbin(r.output) or is_ds(r.output))
+    megatron = not (is_pbin(r.output) or is_ds(r.output) or is_olmo(r.output))
     files = ".bin/.idx" if megatron else ""
     where = (f"{r.output}{files}" if len(r.outputs) == 1 else
              f"{len(r.outputs)} parts {r.outputs[0]}{files} ... {r.outputs[-1]}{files}")
@@ -109,12 +110,16 @@ def _copy_summary(verb: str, r) -> str:
     line = (f"megacache {verb}: {r.inputs} dataset(s) -> {where}: {r.documents:,} documents, {sequences}"
             f"{r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
     if r.joined:
-        line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); a "
-                 f"{'.ds' if is_ds(r.output) else '.pbin'} document is one run of tokens, so each became one")
+        kind = "a .ds" if is_ds(r.output) else "an OLMo" if is_olmo(r.output) else "a .pbin"
+        line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); {kind} document "
+                 "is one run of tokens, so each became one")
     if r.loss_masks:
         line += (f"\n  {r.loss_masks} input(s) had a .ds.loss mask, not carried (no output format holds one): "
                  + ("--drop-loss-mask: the tokens were written without it, masked ones too" if r.loss_masks_dropped
                     else "it masked no token, so nothing was lost"))
+    if r.unterminated:
+        line += (f"\n  {r.unterminated} input(s) end with tokens after their last EOS: each such tail became a "
+                 "document without EOS (a wrong --dtype or --eos-id also looks like this)")
     return line
 
 
@@ -136,7 +141,8 @@ def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
     if not args.sources and args.input_list is None:
         raise MegacacheError("convert: give the datasets to convert, or --input-list FILE")
     r = convert(args.sources, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes,
-                drop_loss_mask=args.drop_loss_mask, input_list=args.input_list, max_size=args.max_size)
+                drop_loss_mask=args.drop_loss_mask, input_list=args.input_list, max_size=args.max_size,
+                eos_id=args.eos_id, dtype=args.dtype)
     if comm.rank == 0:
         print(_copy_summary("convert", r), flush=True)
 
@@ -411,9 +417,10 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
 
     from ..formats.datatrove import is_ds
     from ..formats.indexed import bin_path, idx_path
+    from ..formats.olmo import given_eos, given_width, is_olmo
     from ..formats.pbin import is_pbin
     from ..megatron.versions import resolve
-    from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_ds, verify_pbin
+    from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_ds, verify_olmo, verify_pbin
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     started = time.perf_counter()
@@ -435,6 +442,10 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     def check_dataset(path: str) -> tuple[str, str, list[str]]:
         if is_pbin(path) or is_ds(path):
             problems, summary = (verify_ds if is_ds(path) else verify_pbin)(path, vocab_size=args.vocab_size)
+            return path, summary, problems
+        if is_olmo(path):
+            problems, summary = verify_olmo(path, given_width(f"verify: {path}", args.dtype, args.vocab_size),
+                                            given_eos(args.eos_id, "verify"), vocab_size=args.vocab_size)
             return path, summary, problems
         prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
         problems = verify_dataset(prefix, vocab_size=args.vocab_size)
@@ -478,7 +489,7 @@ def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
         problems = 0
         try:
             for path in args.paths:
-                report = inspect_path(path, version)
+                report = inspect_path(path, version, eos_id=args.eos_id, dtype=args.dtype)
                 print(report.text, flush=True)
                 problems += len(report.problems)
             if problems:
@@ -663,39 +674,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_merge)
 
     p = sub.add_parser("convert", help="a dataset in another format: Megatron's .bin/.idx, Modalities' .pbin, "
-                                       "datatrove's .ds (docs/modalities.md, docs/datatrove.md)")
+                                       "datatrove's .ds, OLMo's token files (docs/modalities.md, docs/datatrove.md, "
+                                       "docs/olmo.md)")
     p.add_argument("sources", nargs="*", metavar="SRC",
-                   help="the datasets to convert, in order, into one: Megatron prefixes, or paths ending in .pbin "
-                        "or .ds, all of one format" + inputs)
+                   help="the datasets to convert, in order, into one: Megatron prefixes, or paths ending in .pbin, "
+                        ".ds or .npy (OLMo's headerless token files), all of one format" + inputs)
     p.add_argument("destination", metavar="DST",
-                   help="another format: a path ending in .pbin or .ds, or a Megatron prefix")
+                   help="another format: a path ending in .pbin, .ds or .npy (OLMo), or a Megatron prefix")
     p.add_argument("--vocab-size", type=positive,
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's), "
                         "which here chooses the output's token size by its format's rule (Megatron: uint16 "
                         "below 65500, else int32; .pbin: the bytes log2(vocab) bits take, 3 as 4; .ds: 2 bytes "
-                        "up to 65536, else 4); default: the source's tokens decide (uint16 <-> 2 bytes, int32 "
+                        "up to 65536, else 4; OLMo: uint16 up to 65536, else uint32, also an OLMo input's width "
+                        "without --dtype); default: the source's tokens decide (uint16 <-> 2 bytes, int32 "
                         "<-> 4 bytes, 1-byte .pbin -> uint16 or a 2-byte .ds)")
+    p.add_argument("--eos-id", type=int,
+                   help="OLMo token files (input or output): the EOS id that ends every document (OLMo-core's "
+                        "eos_token_id). An OLMo input's documents are cut after each EOS, which stays with its "
+                        "document; an OLMo output needs every source document to end with it (tokenize "
+                        "--append-eod): nothing is added or dropped")
+    p.add_argument("--dtype", choices=["uint16", "uint32"],
+                   help="an OLMo token file's width (OLMo-core's dtype): an input's, which the file does not "
+                        "record, or the output's (default: the sources' width)")
     p.add_argument("--input-list", metavar="FILE", help=input_list)
     p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=max_size)
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.add_argument("--drop-loss-mask", action="store_true", help=drop_loss)
     p.set_defaults(func=_cmd_convert)
 
-    p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin, .ds) and cache directories for consistency; "
-                                      "exit 0 only if all hold; under mpiexec/srun the ranks share the datasets "
-                                      "and entries and each checks a slice of every blend")
-    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|FILE.ds|CACHE_DIR",
-                   help="a dataset prefix (or its .idx/.bin), a .pbin or .ds file, or a cache directory")
+    olmo_eos = "an OLMo token file's EOS id (OLMo-core's eos_token_id), which ends each of its documents"
+    olmo_dtype = "an OLMo token file's width (OLMo-core's dtype), which the file does not record"
+    p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin, .ds, OLMo .npy) and cache directories for "
+                                      "consistency; exit 0 only if all hold; under mpiexec/srun the ranks share the "
+                                      "datasets and entries and each checks a slice of every blend")
+    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|FILE.ds|FILE.npy|CACHE_DIR",
+                   help="a dataset prefix (or its .idx/.bin), a .pbin, .ds or OLMo .npy file, or a cache directory")
     p.add_argument("--vocab-size", type=positive,
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's): "
-                        "here, also check that every token id is below it")
+                        "here, also check that every token id is below it (and an OLMo file's width without "
+                        "--dtype, by OLMo's rule)")
+    p.add_argument("--eos-id", type=int, help=olmo_eos)
+    p.add_argument("--dtype", choices=["uint16", "uint32"], help=olmo_dtype)
     _add_version_arg(p)
     p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("inspect", help="summarize dataset prefixes or cache directories; exit 2 on an "
                                        "incomplete or altered cache entry")
     p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="a dataset prefix (or its .idx/.bin), a .pbin or .ds file, or a cache directory")
+                   help="a dataset prefix (or its .idx/.bin), a .pbin, .ds or OLMo .npy file, or a cache directory")
+    p.add_argument("--eos-id", type=int, help=olmo_eos)
+    p.add_argument("--dtype", choices=["uint16", "uint32"], help=olmo_dtype)
     _add_version_arg(p)
     p.set_defaults(func=_cmd_inspect)
 

@@ -25,6 +25,7 @@ from ..megatron.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_has
 from ..formats.datatrove import DsFile, is_ds
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from ..formats.npy import load_npy
+from ..formats.olmo import OlmoFile, given_eos, given_width, is_olmo
 from ..formats.pbin import PackedFile, is_pbin
 from ..megatron.tokenizer import tokenizer_flags, versions_of
 from ..megatron.versions import resolve
@@ -384,14 +385,33 @@ def format_ds(path: str) -> str:
     ])
 
 
-def inspect_path(path: str, megatron_version: str | None = None) -> Report:
-    """A ``.pbin`` or ``.ds`` file, a dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a
-    cache directory (its tokenizer identities read as ``megatron_version``'s flags; default as
+def format_olmo(f: OlmoFile) -> str:
+    docs, shortest, longest = 0, None, 0
+    for lengths in f.document_lengths():
+        docs += len(lengths)
+        shortest = int(lengths.min()) if shortest is None else min(shortest, int(lengths.min()))
+        longest = max(longest, int(lengths.max()))
+    return "\n".join([
+        f"OLMo token file {f.path} (headerless {f.dtype.name} ids, documents ending with EOS {f.eos_id})",
+        f"  {docs:,} documents, {f.token_count:,} tokens"
+        + ("" if f.terminated else "; the last document has no EOS (OLMo's document-aware datasets drop it)"),
+        f"  document length min {shortest:,} / mean {f.token_count / docs:,.2f} / max {longest:,} (EOS included)",
+    ])
+
+
+def inspect_path(path: str, megatron_version: str | None = None, eos_id: int | None = None,
+                 dtype: str | None = None) -> Report:
+    """A ``.pbin``, ``.ds`` or OLMo (``.npy``, of ``dtype`` ids ending documents with ``eos_id``)
+    file, a dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a cache
+    directory (its tokenizer identities read as ``megatron_version``'s flags; default as
     ``versions.resolve``)."""
     if is_pbin(path):
         return Report(format_pbin(path), [])
     if is_ds(path):
         return Report(format_ds(path), [])
+    if is_olmo(path):
+        return Report(format_olmo(OlmoFile(path, given_width(f"inspect: {path}", dtype, None),
+                                           given_eos(eos_id, "inspect"))), [])
     prefix = path[:-4] if path.endswith((".idx", ".bin")) and os.path.isfile(path) else path
     # Checked before the directory case: Megatron's default cache dir makes the prefix a directory too.
     if os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)):

@@ -29,6 +29,7 @@ from ..errors import FormatError, MegacacheError
 from ..formats.datatrove import DsFile
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
 from ..formats.npy import load_npy
+from ..formats.olmo import OlmoFile
 from ..formats.pbin import PackedFile, expected_offsets
 from ..megatron.cache import describe, description_hash
 from ..megatron.tokenizer import versions_of
@@ -155,6 +156,25 @@ def verify_ds(path: str, vocab_size: int | None = None) -> tuple[list[str], str]
     mask = ", a loss mask" if f.loss_file else ""
     return [], (f"{path}: {f.document_count:,} documents, {f.token_count:,} tokens ({f.token_size}-byte tokens"
                 f"{mask}; datatrove .ds)")
+
+
+def verify_olmo(path: str, dtype: np.dtype, eos_id: int, vocab_size: int | None = None) -> tuple[list[str], str]:
+    """Every problem of an OLMo token file (none when sound) and its summary line: no numpy header,
+    a size of whole tokens, the EOS inside the width, tokens in the vocabulary. Read a block at a time."""
+    try:
+        f = OlmoFile(path, dtype, eos_id)
+    except FormatError as exc:
+        return [str(exc)], ""
+    for a in range(0, f.token_count if vocab_size is not None else 0, BLOCK):
+        block = np.asarray(f.tokens[a : a + BLOCK])
+        bad = first_bad(block >= vocab_size)
+        if bad is not None:
+            return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size "
+                    f"{vocab_size}"], ""
+    docs = sum(len(lengths) for lengths in f.document_lengths())
+    tail = "" if f.terminated else ", the last without EOS"
+    return [], (f"{path}: {docs:,} documents{tail}, {f.token_count:,} tokens ({f.dtype.name}, EOS {eos_id}; "
+                "OLMo token file)")
 
 
 def summarize_dataset(prefix: str) -> str:

@@ -11,7 +11,6 @@ import shutil
 import numpy as np
 import pytest
 
-from megacache.interfaces.cli import main
 from support.corpus import documents, file_bytes, run_megacache, write_jsonl
 from support.tokenizer_files import write_pbin_tokenizers
 
@@ -26,21 +25,6 @@ def texts(kind: str) -> list[str]:
         return [" ".join(f"w{w}" for w in rng.integers(0, 70_000, size=rng.integers(1, 40))) for _ in range(200)]
     # datatrove gives a document without tokens its EOS, Megatron's tools nothing (docs/datatrove.md §2)
     return [d for d in documents(400) if d.strip()]
-
-
-@pytest.fixture
-def megacache(capsys):
-    """``megacache ARGS`` on ``ranks`` ranks: one rank in this process (no interpreter to start), more
-    under mpiexec. Returns the exit code and what it printed."""
-    def run(ranks: int, *args: str, check: bool = True) -> tuple[int, str, str]:
-        if ranks > 1:
-            proc = run_megacache(ranks, *args, check=check)
-            return proc.returncode, proc.stdout, proc.stderr
-        code = main(list(args))
-        out = capsys.readouterr()
-        assert code == 0 or not check, out.out + out.err
-        return code, out.out, out.err
-    return run
 
 
 @pytest.fixture(scope="module")

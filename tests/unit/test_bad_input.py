@@ -130,6 +130,17 @@ class Work:
             self.file("d.ds.loss", loss)
         return path
 
+    def olmo(self, ids=(5, 6, 9, 7, 9), dtype: str = "<u2", data: bytes | None = None) -> str:
+        """``d.npy``, an OLMo token file: ``ids`` (two documents, each ending with EOS 9) as ``dtype``,
+        or the bytes ``data``."""
+        return self.file("d.npy", np.asarray(ids, dtype=dtype).tobytes() if data is None else data)
+
+    def terminated(self, name: str, dtype, high: int, eos: int) -> str:
+        """A Megatron dataset whose documents each end with ``eos`` (tokenize --append-eod)."""
+        rng = np.random.default_rng(1)
+        write_dataset(f"{self.t}/{name}", [np.append(rng.integers(0, high, 5), eos) for _ in range(20)], dtype)
+        return f"{self.t}/{name}"
+
     def on(self, verb: str, path: str) -> list[str]:
         """``verb`` (convert, verify) on the dataset ``path``."""
         return [verb, path, f"{self.out}/m"] if verb == "convert" else [verb, path]
@@ -266,13 +277,54 @@ CASES = [
     case("convert-ds-short-loss", lambda w: ["convert", w.ds(loss=bytes([1] * 5)), f"{w.out}/m"],
          "{t}/d.ds.loss: 5 bytes, but {t}/d.ds holds 9 tokens"),
     case("convert-folder-without-datasets", lambda w: ["convert", f"{w.t}/in", f"{w.out}/m.ds"],
-         "{t}/in: a folder of no datasets (.ds files, .pbin files, Megatron .idx/.bin prefixes)"),
+         "{t}/in: a folder of no datasets (.ds files, .pbin files, OLMo .npy files, Megatron .idx/.bin prefixes)"),
     case("convert-mixed-formats", lambda w: ["convert", w.ds(), w.good, f"{w.out}/m.pbin"],
          "convert: the inputs must all be of one format", "{t}/d.ds and {t}/good are not"),
     case("merge-ds-mixed-widths", lambda w: (w.file("w.ds.index", u64(2)),  # two 4-byte tokens
                                              ["merge", w.ds(), w.file("w.ds", bytes(8)), "--output-prefix",
                                               f"{w.out}/m.ds"])[1],
          "merge: {t}/w.ds holds uint32 tokens but {t}/d.ds holds uint16; give --dtype"),
+    # --- OLMo token files -------------------------------------------------------------------------
+    case("convert-olmo-eos-id-out-of-range", lambda w: ["convert", w.olmo(), f"{w.out}/m", "--eos-id", "70000",
+                                                        "--dtype", "uint16"],
+         "{t}/d.npy: --eos-id 70000 does not fit its 2-byte tokens (0..65535)"),
+    case("convert-olmo-size-not-a-multiple-of-the-width",
+         lambda w: ["convert", w.olmo(data=bytes(19)), f"{w.out}/m", "--eos-id", "9", "--dtype", "uint16"],
+         "{t}/d.npy: 19 bytes, not a multiple of the 2-byte tokens of --dtype uint16: truncated at byte 18"),
+    # five 2-byte ids read as 4-byte ones: the one mismatch of widths that the size shows
+    case("convert-olmo-wrong-width", lambda w: ["convert", w.olmo(), f"{w.out}/m", "--eos-id", "9",
+                                                "--dtype", "uint32"],
+         "{t}/d.npy: 10 bytes, not a multiple of the 4-byte tokens of --dtype uint32"),
+    case("convert-olmo-numpy-header", lambda w: (np.save(f"{w.t}/d.npy", np.arange(9, dtype=np.uint16)),
+                                                 ["convert", f"{w.t}/d.npy", f"{w.out}/m", "--eos-id", "8",
+                                                  "--dtype", "uint16"])[1],
+         "{t}/d.npy: a numpy array with a header (numpy.save's .npy), not an OLMo token file"),
+    case("convert-olmo-empty", lambda w: ["convert", w.olmo(data=b""), f"{w.out}/m.ds", "--eos-id", "9",
+                                          "--dtype", "uint16"],
+         "{t}/d.npy: empty, no documents"),
+    case("verify-olmo-id-outside-the-vocabulary",
+         lambda w: ["verify", w.olmo(), "--eos-id", "9", "--dtype", "uint16", "--vocab-size", "7"],
+         "{t}/d.npy: token 2 has id 9, outside the vocabulary of size 7", report_on_stdout=True),
+    case("verify-olmo-size-not-a-multiple-of-the-width",
+         lambda w: ["verify", w.olmo(data=bytes(7)), "--eos-id", "9", "--vocab-size", "50304"],
+         "{t}/d.npy: 7 bytes, not a multiple of the 2-byte tokens of --dtype uint16", report_on_stdout=True),
+    case("convert-olmo-no-width", lambda w: ["convert", w.olmo(), f"{w.out}/m", "--eos-id", "9"],
+         "convert: {t}/d.npy records no token width; give --dtype uint16|uint32"),
+    case("convert-olmo-no-eos-id", lambda w: ["convert", w.olmo(), f"{w.out}/m", "--dtype", "uint16"],
+         "convert: an OLMo token file's documents are delimited by the EOS id alone: give --eos-id"),
+    case("convert-to-olmo-id-too-wide",
+         lambda w: ["convert", w.terminated("wide", np.int32, 70_000, 3), f"{w.out}/m.npy", "--eos-id", "3",
+                    "--dtype", "uint16"],
+         "{t}/wide.bin: byte ", "does not fit {t}/out/m.npy's 2-byte tokens"),
+    case("convert-to-olmo-eos-id-out-of-range",
+         lambda w: ["convert", w.good, f"{w.out}/m.npy", "--eos-id", "70000", "--dtype", "uint16"],
+         "{t}/out/m.npy: --eos-id 70000 does not fit its 2-byte tokens"),
+    case("convert-to-olmo-documents-without-eos", lambda w: ["convert", w.good, f"{w.out}/m.npy", "--eos-id", "499"],
+         "{t}/good: document 0 ends with token ", "not with --eos-id 499", "--append-eod"),
+    case("convert-eos-id-without-olmo", lambda w: ["convert", w.good, f"{w.out}/m.ds", "--eos-id", "3"],
+         "convert: --eos-id and --dtype are for OLMo token files (.npy)"),
+    case("merge-olmo", lambda w: ["merge", w.olmo(), "--output-prefix", f"{w.out}/m.npy"],
+         "merge: OLMo token files are not merged"),
     case("build-truncated-idx", lambda w: w.build("--data-path", w.damaged(".idx", cut=w.layout.idx_size - 60)),
          "{t}/d.idx: truncated: 60 bytes"),
     case("build-bin-shorter-than-index", lambda w: w.build("--data-path", w.damaged(".bin", cut=10)),
