@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms.blocks import BLOCK, first_bad
-from ..runtime.comm import Comm, get_comm
+from ..runtime.comm import Comm, SingleComm, get_comm
 from ..errors import MegacacheError
 from ..formats.datatrove import TOKEN_DTYPES as DS_DTYPES, DsFile, is_ds, loss_path
 from ..formats.datatrove import token_size as ds_token_size
@@ -565,18 +565,71 @@ def merge(inputs: list[str], output: str, comm: Comm | None = None, chunk_bytes:
 
 def convert(sources: str | list[str], output: str, comm: Comm | None = None, vocab_size: int | None = None,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES, drop_loss_mask: bool = False, input_list: str | None = None,
-            max_size: int | None = None, eos_id: int | None = None, dtype: str | None = None) -> MergeResult:
+            max_size: int | None = None, eos_id: int | None = None, dtype: str | None = None,
+            per_file: bool = False) -> MergeResult:
     """Datasets of one format (folders and glob patterns as ``expand_inputs`` reads them), in order,
     as one dataset in another format: a Megatron prefix, a ``.pbin`` (Modalities), a ``.ds``
     (datatrove) or an OLMo token file (``.npy``); or as parts of at most ``max_size`` bytes of
-    tokens, as ``merge``. ``vocab_size`` picks the output's token size by the output format's rule;
-    without it the sources' tokens decide. A ``.ds.loss`` mask is not carried: a mask that masks a token is
-    refused unless ``drop_loss_mask``. OLMo token files (docs/olmo.md), as input or output, need
-    ``eos_id``; ``dtype`` (uint16 or uint32) is their width, else ``vocab_size`` gives it by OLMo's
-    rule; an OLMo input needs one of them, an OLMo output takes the sources' width without."""
+    tokens, as ``merge``; or, ``per_file``, each as its own dataset named by ``output``, a pattern
+    whose ``*`` stands for the input's name (``per_file_names``). ``vocab_size`` picks the output's
+    token size by the output format's rule; without it the sources' tokens decide. A ``.ds.loss``
+    mask is not carried: a mask that masks a token is refused unless ``drop_loss_mask``. OLMo token
+    files (docs/olmo.md), as input or output, need ``eos_id``; ``dtype`` (uint16 or uint32) is their
+    width, else ``vocab_size`` gives it by OLMo's rule; an OLMo input needs one of them, an OLMo
+    output takes the sources' width without."""
     comm = comm or get_comm()
     given = [sources] if isinstance(sources, str) else list(sources)
     inputs = comm.on_root(lambda: expand_inputs(given, input_list), "listing the inputs")
+    if ("*" in output) != per_file:
+        raise MegacacheError(f"convert: --per-file takes an output pattern whose * stands for each input's name "
+                             f"(such as out/*.pbin), and only it does; {output!r} "
+                             + ("has no *" if per_file else "has one"))
+    options = dict(vocab_size=vocab_size, chunk_bytes=chunk_bytes, drop_loss_mask=drop_loss_mask, max_size=max_size,
+                   eos_id=eos_id, dtype=dtype)
+    if not per_file:
+        return _convert(inputs, output, comm, **options)
+    t0 = time.monotonic()
+    outputs = per_file_names(inputs, output)
+    _check_inputs(inputs, outputs, "convert")
+    # Files are independent: each rank converts its share alone, and the ranks agree at the end.
+    mine = []
+    with comm.agreed("converting each file"):
+        for j in range(comm.rank, len(inputs), comm.size):
+            mine.append(_convert([inputs[j]], outputs[j], SingleComm(), **options))
+    done = [r for part in comm.allgather(mine) for r in part]
+    order = {name: j for j, name in enumerate(outputs)}
+    return MergeResult(output=output, documents=sum(r.documents for r in done),
+                       sequences=sum(r.sequences for r in done), tokens=sum(r.tokens for r in done),
+                       inputs=len(inputs), seconds=time.monotonic() - t0, ranks=comm.size,
+                       joined=sum(r.joined for r in done), loss_masks=sum(r.loss_masks for r in done),
+                       loss_masks_dropped=any(r.loss_masks_dropped for r in done),
+                       unterminated=sum(r.unterminated for r in done),
+                       outputs=[o for r in sorted(done, key=lambda r: order[r.output]) for o in r.outputs])
+
+
+def per_file_names(inputs: list[str], pattern: str) -> list[str]:
+    """Each input's output under ``--per-file``: ``pattern`` with its ``*`` replaced by the input's
+    name without its format's suffix (``shards/part_07.ds`` and ``out/*.pbin`` give ``out/part_07.pbin``)."""
+    if pattern.count("*") != 1 or "*" in os.path.dirname(pattern):
+        raise MegacacheError(f"convert: --per-file output {pattern!r}: one * in the file name (such as out/*.pbin, "
+                             "or out/* for Megatron prefixes)")
+    names = []
+    for path in inputs:
+        name = os.path.basename(path)
+        suffix = _SUFFIXES.get(_kind(path))
+        names.append(pattern.replace("*", name[: -len(suffix)] if suffix else name))
+    seen: dict[str, str] = {}
+    for path, name in zip(inputs, names):
+        if name in seen:
+            raise MegacacheError(f"convert: --per-file: {seen[name]} and {path} would both be written to {name}; "
+                                 "give inputs of different names")
+        seen[name] = path
+    return names
+
+
+def _convert(inputs: list[str], output: str, comm: Comm, *, vocab_size: int | None, chunk_bytes: int,
+             drop_loss_mask: bool, max_size: int | None, eos_id: int | None, dtype: str | None) -> MergeResult:
+    """``convert`` of listed inputs into one ``output`` (or its parts)."""
     _check_inputs(inputs, [output], "convert")
     kinds = {_kind(p) for p in inputs}
     if len(kinds) > 1:

@@ -105,7 +105,8 @@ def _copy_summary(verb: str, r) -> str:
     megatron = not (is_pbin(r.output) or is_ds(r.output) or is_olmo(r.output))
     files = ".bin/.idx" if megatron else ""
     where = (f"{r.output}{files}" if len(r.outputs) == 1 else
-             f"{len(r.outputs)} parts {r.outputs[0]}{files} ... {r.outputs[-1]}{files}")
+             f"{len(r.outputs)} {'datasets' if '*' in r.output else 'parts'} {r.outputs[0]}{files} ... "
+             f"{r.outputs[-1]}{files}")
     sequences = f"{r.sequences:,} sequences, " if megatron else ""
     line = (f"megacache {verb}: {r.inputs} dataset(s) -> {where}: {r.documents:,} documents, {sequences}"
             f"{r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
@@ -142,7 +143,7 @@ def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
         raise MegacacheError("convert: give the datasets to convert, or --input-list FILE")
     r = convert(args.sources, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes,
                 drop_loss_mask=args.drop_loss_mask, input_list=args.input_list, max_size=args.max_size,
-                eos_id=args.eos_id, dtype=args.dtype)
+                eos_id=args.eos_id, dtype=args.dtype, per_file=args.per_file)
     if comm.rank == 0:
         print(_copy_summary("convert", r), flush=True)
 
@@ -680,7 +681,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the datasets to convert, in order, into one: Megatron prefixes, or paths ending in .pbin, "
                         ".ds or .npy (OLMo's headerless token files), all of one format" + inputs)
     p.add_argument("destination", metavar="DST",
-                   help="another format: a path ending in .pbin, .ds or .npy (OLMo), or a Megatron prefix")
+                   help="another format: a path ending in .pbin, .ds or .npy (OLMo), or a Megatron prefix; with "
+                        "--per-file a pattern whose * stands for each input's name (out/*.pbin, out/* for prefixes)")
     p.add_argument("--vocab-size", type=positive,
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's), "
                         "which here chooses the output's token size by its format's rule (Megatron: uint16 "
@@ -698,6 +700,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "record, or the output's (default: the sources' width)")
     p.add_argument("--input-list", metavar="FILE", help=input_list)
     p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=max_size)
+    p.add_argument("--per-file", action="store_true",
+                   help="convert each input into its own dataset, named by DST's pattern, the ranks sharing the "
+                        "inputs (instead of all inputs into one)")
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.add_argument("--drop-loss-mask", action="store_true", help=drop_loss)
     p.set_defaults(func=_cmd_convert)

@@ -1,7 +1,8 @@
 """Merging per-task shards at their scale: 10,000 small Megatron datasets (and 2,000 datatrove .ds files)
 named by a list file, a quoted glob or a folder merge, on 1 to 3 ranks, into what megatron-core's
 ``add_index`` chain makes of them (recorded in tests/data/merge-shards.json by
-tests/support/record_merge_shards.py), or into --max-size parts that together are that dataset."""
+tests/support/record_merge_shards.py), or into --max-size parts that together are that dataset; and
+convert --per-file turns each shard into its own dataset of another format."""
 
 from __future__ import annotations
 
@@ -74,3 +75,23 @@ def test_a_folder_of_datatrove_shards_converts_to_the_same_dataset(tmp_path):
     shards.write_ds(str(tmp_path / "tasks"), 2_000)
     run_megacache(2, "convert", str(tmp_path / "tasks"), str(tmp_path / "merged"), "--chunk-bytes", "16K")
     assert merged_as_recorded(str(tmp_path / "merged"), 2_000)
+
+
+def test_per_file_converts_each_shard_into_its_own_dataset_and_back(tmp_path, megatron_shards):
+    root, _ = megatron_shards
+    shards.write_ds(str(tmp_path / "tasks"), 200)
+    out = run_megacache(2, "convert", "--per-file", str(tmp_path / "tasks"), str(tmp_path / "megatron" / "*")).stdout
+    assert f"200 datasets {tmp_path / 'megatron' / 'shard_00000'}.bin/.idx ... " in out
+    for k in range(200):
+        for suffix in (".bin", ".idx"):
+            with open(tmp_path / "megatron" / f"{shards.name(k)}{suffix}", "rb") as a, \
+                    open(root / "shards" / f"{shards.name(k)}{suffix}", "rb") as b:
+                assert a.read() == b.read(), (k, suffix)
+    assert main(["convert", "--per-file", str(tmp_path / "megatron" / "shard_0001*"), str(tmp_path / "back" / "*.ds")]) == 0
+    assert sorted(os.listdir(tmp_path / "back")) == sorted(f"{shards.name(k)}.ds{s}" for k in range(10, 20)
+                                                            for s in ("", ".index", ".metadata"))
+    for k in range(10, 20):
+        for suffix in (".ds", ".ds.index"):
+            with open(tmp_path / "back" / f"{shards.name(k)}{suffix}", "rb") as a, \
+                    open(tmp_path / "tasks" / f"{shards.name(k)}{suffix}", "rb") as b:
+                assert a.read() == b.read(), (k, suffix)
