@@ -1,5 +1,6 @@
-"""Merging per-task shards at their scale: 10,000 small Megatron datasets (and 2,000 datatrove .ds files)
-named by a list file, a quoted glob or a folder merge, on 1 to 3 ranks, into what megatron-core's
+"""Merging per-task shards at their scale: 10,000 small Megatron datasets (and folders of 2,000 datatrove .ds
+files or OLMo token files, converted) named by a list file, a quoted glob or a folder merge, on 1 to 3
+ranks, into what megatron-core's
 ``add_index`` chain makes of them (recorded in tests/data/merge-shards.json by
 tests/support/record_merge_shards.py), or into --max-size parts that together are that dataset; and
 convert --per-file turns each shard into its own dataset of another format."""
@@ -28,7 +29,7 @@ def digests(prefix: str) -> dict:
     return out
 
 
-def merged_as_recorded(prefix: str, count: int) -> bool:
+def merged_as_recorded(prefix: str, count: int | str) -> bool:
     want = RECORDED[str(count)]
     return digests(prefix) == {"bin": want["bin"], "idx": want["idx"]}
 
@@ -71,10 +72,23 @@ def test_shards_merge_into_parts_of_a_max_size_that_together_are_the_whole(tmp_p
     assert merged_as_recorded(str(tmp_path / "joined"), 2_000)
 
 
-def test_a_folder_of_datatrove_shards_converts_to_the_same_dataset(tmp_path):
-    shards.write_ds(str(tmp_path / "tasks"), 2_000)
-    run_megacache(2, "convert", str(tmp_path / "tasks"), str(tmp_path / "merged"), "--chunk-bytes", "16K")
-    assert merged_as_recorded(str(tmp_path / "merged"), 2_000)
+@pytest.fixture(scope="module")
+def converter_shards(tmp_path_factory):
+    """2,000 shards as a datatrove job's folder of .ds files, and as a folder of OLMo token files
+    (their documents ending with the EOS; shards without documents left out)."""
+    root = tmp_path_factory.mktemp("converted")
+    shards.write_ds(str(root / "ds"), 2_000)
+    shards.write_olmo(str(root / "olmo"), 2_000)
+    return root
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["ds", "olmo"])
+def test_a_folder_of_converter_shards_converts_to_the_chains_dataset(tmp_path, converter_shards, kind, ranks):
+    flags = ["--eos-id", str(shards.EOS), "--dtype", "uint16"] if kind == "olmo" else []
+    args = ["convert", str(converter_shards / kind), str(tmp_path / "merged"), "--chunk-bytes", "16K", *flags]
+    assert (main(args) if ranks == 1 else run_megacache(ranks, *args).returncode) == 0
+    assert merged_as_recorded(str(tmp_path / "merged"), "2000+eos" if kind == "olmo" else 2_000)
 
 
 def test_per_file_converts_each_shard_into_its_own_dataset_and_back(tmp_path, megatron_shards):

@@ -1,6 +1,7 @@
 """Records what megatron-core's ``IndexedDatasetBuilder.add_index`` chain (Megatron-LM's
 tools/merge_datasets.py) makes of the shards of tests/support/shards.py, for the merge tests of
-tests/conformance/test_merge_shards.py: the sha256 of the merged ``.bin`` and ``.idx`` for each count.
+tests/conformance/test_merge_shards.py: the sha256 of the merged ``.bin`` and ``.idx`` for each count,
+and for the first 2,000 with each document ending with the EOS (``2000+eos``: the OLMo shards).
 Writes tests/data/merge-shards.json.
 
     python tests/support/record_merge_shards.py
@@ -48,14 +49,16 @@ def main() -> None:
     record = {"megatron_core": megatron.core.__version__, "seed": shards.SEED, "merged": {}}
     with tempfile.TemporaryDirectory() as tmp:
         prefixes = shards.write_megatron(os.path.join(tmp, "shards"), max(COUNTS))
-        for count in COUNTS:
-            out = os.path.join(tmp, f"merged_{count}")
+        ended = shards.write_megatron(os.path.join(tmp, "ended"), min(COUNTS), eos=shards.EOS)
+        cases = [(str(count), prefixes[:count]) for count in COUNTS] + [(f"{min(COUNTS)}+eos", ended)]
+        for key, inputs in cases:
+            out = os.path.join(tmp, f"merged_{key}")
             builder = IndexedDatasetBuilder(out + ".bin", dtype=np.uint16)
-            for prefix in prefixes[:count]:
+            for prefix in inputs:
                 builder.add_index(prefix)
             builder.finalize(out + ".idx")
-            record["merged"][str(count)] = {"bin": digest(out + ".bin"), "idx": digest(out + ".idx"),
-                                            "bin_bytes": os.path.getsize(out + ".bin")}
+            record["merged"][key] = {"bin": digest(out + ".bin"), "idx": digest(out + ".idx"),
+                                     "bin_bytes": os.path.getsize(out + ".bin")}
     with open(DATA, "w") as f:
         json.dump(record, f, indent=1)
         f.write("\n")
