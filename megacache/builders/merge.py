@@ -530,7 +530,7 @@ def expand_inputs(paths: list[str], input_list: str | None = None) -> list[str]:
             with open(input_list, encoding="utf-8") as f:
                 given += [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
         except OSError as exc:
-            raise MegacacheError(f"{input_list}: cannot read the input list: {exc.strerror}") from None
+            raise MegacacheError(f"--input-list {input_list}: cannot read it: {exc.strerror}") from None
     out = []
     for path in given:
         if os.path.isdir(path) and not os.path.isfile(idx_path(path)):

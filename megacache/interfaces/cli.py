@@ -423,6 +423,7 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     from ..megatron.versions import resolve
     from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_ds, verify_olmo, verify_pbin
 
+    _check_olmo_flags(args, "verify")
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     started = time.perf_counter()
     failed, checked = [], 0
@@ -480,9 +481,20 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
               f"{time.perf_counter() - started:.1f} s on {comm.size} rank(s)", flush=True)
 
 
+def _check_olmo_flags(args: argparse.Namespace, verb: str) -> None:
+    """--eos-id and --dtype describe OLMo token files: given for none, they are a mistake, not ignored."""
+    from ..formats.olmo import is_olmo
+
+    if (args.eos_id is not None or args.dtype is not None) and not any(is_olmo(p) for p in args.paths):
+        raise MegacacheError(f"{verb}: --eos-id and --dtype are for OLMo token files (.npy), and none of the "
+                             "paths is one")
+
+
 def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
     from ..readers.inspection import inspect_path
     from ..megatron.versions import resolve
+
+    _check_olmo_flags(args, "inspect")
 
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     failure = None
@@ -661,7 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prefixes", nargs="*", metavar="PREFIX|FILE.pbin|FILE.ds",
                    help="the datasets to concatenate, in order: Megatron prefixes, .pbin files or datatrove .ds files"
                         + inputs)
-    p.add_argument("--input-list", metavar="FILE", help=input_list)
+    p.add_argument("--input-list", metavar="FILE", type=nonempty, help=input_list)
     p.add_argument("--output-prefix", required=True, metavar="PREFIX|FILE.pbin|FILE.ds", type=nonempty,
                    help="the merged dataset's own prefix (PREFIX.bin/.idx), .pbin or .ds file, in the inputs' "
                         "format (unlike tokenize's --output-prefix, nothing is appended to it)")
@@ -698,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["uint16", "uint32"],
                    help="an OLMo token file's width (OLMo-core's dtype): an input's, which the file does not "
                         "record, or the output's (default: the sources' width)")
-    p.add_argument("--input-list", metavar="FILE", help=input_list)
+    p.add_argument("--input-list", metavar="FILE", type=nonempty, help=input_list)
     p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=max_size)
     p.add_argument("--per-file", action="store_true",
                    help="convert each input into its own dataset, named by DST's pattern, the ranks sharing the "

@@ -227,7 +227,7 @@ CASES = [
     case("merge-glob-matching-nothing", lambda w: w.merge(f"{w.t}/none_*"), "{t}/none_*: the pattern matches no dataset"),
     case("merge-input-list-missing", lambda w: ["merge", "--input-list", f"{w.t}/list.txt", "--output-prefix",
                                                 f"{w.out}/m"],
-         "{t}/list.txt: cannot read the input list: No such file or directory"),
+         "--input-list {t}/list.txt: cannot read it: No such file or directory"),
     case("convert-pattern-without-per-file", lambda w: ["convert", w.ds(), f"{w.out}/*"],
          "convert: --per-file takes an output pattern whose * stands for each input's name (such as out/*.pbin), "
          "and only it does; '{t}/out/*' has one"),
