@@ -91,15 +91,30 @@ def _write_tokens(part: Part, tokens: int, dtype: np.dtype, fd: int, offset: int
         os.close(src)
 
 
+def _offsets(counts: list[PartCounts]) -> tuple[np.ndarray, tuple[int, int, int]]:
+    """Where each part starts in the output (rows of documents, sequences, tokens before it: the same
+    on every rank) and the output's totals."""
+    table = np.array([[c.documents, c.sequences, c.tokens] for c in counts], dtype=np.int64).reshape(-1, 3)
+    starts = np.zeros_like(table)
+    np.cumsum(table[:-1], axis=0, out=starts[1:])
+    documents, sequences, tokens = (int(v) for v in table.sum(axis=0))
+    return starts, (documents, sequences, tokens)
+
+
+def _document_lengths(part: Part, count: PartCounts, p: int) -> np.ndarray:
+    """A loaded part's tokens per document, which must be what its counts recorded."""
+    lengths = part.document_lengths()
+    if len(lengths) != count.documents or int(lengths.sum()) != count.tokens:
+        raise RuntimeError(f"part {p} does not match its recorded counts {count}")
+    return lengths
+
+
 def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
              mine: list[int], load: Callable[[int], Part], tag: str) -> IndexLayout:
     """Write ``prefix.bin/.idx`` from ``counts`` (every part, in output order; the same list on
     every rank) where this rank writes the parts listed in ``mine`` (loaded with ``load``)."""
     dtype = np.dtype(dtype)
-    table = np.array([[c.documents, c.sequences, c.tokens] for c in counts], dtype=np.int64).reshape(-1, 3)
-    starts = np.zeros_like(table)
-    np.cumsum(table[:-1], axis=0, out=starts[1:])
-    documents, sequences, tokens = (int(v) for v in table.sum(axis=0))
+    starts, (documents, sequences, tokens) = _offsets(counts)
     layout = IndexLayout(dtype, sequences, documents + 1)
     final_idx, final_bin = idx_path(prefix), bin_path(prefix)
     tmp_idx, tmp_bin = tmp_path(final_idx, tag), tmp_path(final_bin, tag)
@@ -137,19 +152,14 @@ def assemble_pbin(comm: Comm, path: str, token_size: int, counts: list[PartCount
     """Write the ``.pbin`` ``path`` from ``counts`` and this rank's parts ``mine`` (as ``assemble``);
     every rank's parts must be a contiguous run, in rank order. Returns the documents written."""
     dtype = TOKEN_DTYPES[token_size]
-    table = np.array([[c.documents, c.tokens] for c in counts], dtype=np.int64).reshape(-1, 2)
-    starts = np.zeros_like(table)
-    np.cumsum(table[:-1], axis=0, out=starts[1:])
-    documents, tokens = (int(v) for v in table.sum(axis=0))
+    starts, (documents, _, tokens) = _offsets(counts)
     last = len(counts) - 1
 
     encoded = {}
     for p in mine:
-        doc0, tok0 = (int(v) for v in starts[p])
+        doc0, _, tok0 = (int(v) for v in starts[p])
         part = load(p)
-        lengths = part.document_lengths()
-        if len(lengths) != counts[p].documents or int(lengths.sum()) != counts[p].tokens:
-            raise RuntimeError(f"part {p} does not match its recorded counts {counts[p]}")
+        lengths = _document_lengths(part, counts[p], p)
         offsets = np.zeros(len(lengths), dtype=np.int64)
         np.cumsum(lengths[:-1], out=offsets[1:])
         offsets += tok0
@@ -187,7 +197,7 @@ def assemble_pbin(comm: Comm, path: str, token_size: int, counts: list[PartCount
                 writer.write_index(pickled_pairs.output_position(start, before),
                                    pickled_pairs.assemble_frames(payload, start, frames, payload_total, before))
                 _write_tokens(part, counts[p].tokens, dtype, writer.fd,
-                              writer.data_offset(int(starts[p][1]) * token_size), path)
+                              writer.data_offset(int(starts[p][2]) * token_size), path)
             os.fsync(writer.fd)
 
     def publish() -> None:
@@ -202,10 +212,7 @@ def assemble_ds(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts]
                 load: Callable[[int], Part], tag: str) -> int:
     """Write datatrove's ``path`` (``.ds``, ``.ds.index``, ``.ds.metadata``) from ``counts`` and this
     rank's parts ``mine`` (as ``assemble``); each document one run of tokens. Returns the documents."""
-    table = np.array([[c.documents, c.tokens] for c in counts], dtype=np.int64).reshape(-1, 2)
-    starts = np.zeros_like(table)
-    np.cumsum(table[:-1], axis=0, out=starts[1:])
-    documents, tokens = (int(v) for v in table.sum(axis=0))
+    starts, (documents, _, tokens) = _offsets(counts)
     tmp_data, tmp_index, tmp_meta = (tmp_path(p, tag) for p in (path, index_path(path), metadata_path(path)))
 
     def create() -> None:
@@ -216,11 +223,9 @@ def assemble_ds(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts]
     with comm.agreed(f"writing {path}"):
         with DsWriter(tmp_data, tmp_index) as writer:
             for p in mine:
-                doc0, tok0 = (int(v) for v in starts[p])
+                doc0, _, tok0 = (int(v) for v in starts[p])
                 part = load(p)
-                lengths = part.document_lengths()
-                if len(lengths) != counts[p].documents or int(lengths.sum()) != counts[p].tokens:
-                    raise RuntimeError(f"part {p} does not match its recorded counts {counts[p]}")
+                lengths = _document_lengths(part, counts[p], p)
                 writer.write_ends(doc0, tok0 + np.cumsum(lengths))
                 _write_tokens(part, counts[p].tokens, dtype, writer.data_fd, tok0 * dtype.itemsize, path)
             writer.sync()
@@ -244,17 +249,16 @@ def assemble_olmo(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCount
     """Write the OLMo token file ``path`` from ``counts`` and this rank's parts ``mine`` (as
     ``assemble``): the parts' tokens back to back, nothing else (each document must already end with
     the EOS: the caller checks). Returns the documents."""
-    tokens = np.array([c.tokens for c in counts], dtype=np.int64)
-    starts = np.concatenate(([0], np.cumsum(tokens)[:-1]))
+    starts, (documents, _, tokens) = _offsets(counts)
     tmp = tmp_path(path, tag)
-    comm.on_root(lambda: OlmoWriter.create(tmp, int(tokens.sum()) * dtype.itemsize), "preallocating the output")
+    comm.on_root(lambda: OlmoWriter.create(tmp, tokens * dtype.itemsize), "preallocating the output")
     with comm.agreed(f"writing {path}"):
         with OlmoWriter(tmp) as writer:
             for p in mine:
                 part = load(p)
                 if int(part.sequence_lengths.sum(dtype=np.int64)) != counts[p].tokens:
                     raise RuntimeError(f"part {p} does not match its recorded counts {counts[p]}")
-                _write_tokens(part, counts[p].tokens, dtype, writer.fd, int(starts[p]) * dtype.itemsize, path)
+                _write_tokens(part, counts[p].tokens, dtype, writer.fd, int(starts[p][2]) * dtype.itemsize, path)
             writer.sync()
 
     def publish() -> None:
@@ -262,7 +266,7 @@ def assemble_olmo(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCount
         fsync_dir(path)
 
     comm.on_root(publish, f"publishing {path}")
-    return sum(c.documents for c in counts)
+    return documents
 
 
 def discard(output: str, tag: str) -> None:

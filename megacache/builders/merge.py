@@ -474,7 +474,9 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: st
                     sequences += layout.sequence_count
             finally:
                 discard(out, guard.job)
-    losses = [p for p in inputs if os.path.exists(loss_path(p))] if in_kind == "ds" else []
+    # one rank asks the filesystem about every input, not each rank
+    losses = (comm.on_root(lambda: [p for p in inputs if os.path.exists(loss_path(p))], "finding loss masks")
+              if in_kind == "ds" else [])
     return MergeResult(output=output, documents=documents, sequences=sequences, tokens=sum(c.tokens for c in counts),
                        inputs=len(inputs), seconds=time.monotonic() - t0, ranks=comm.size,
                        joined=comm.allreduce(joined[0]) if out_kind != "megatron" else 0,
