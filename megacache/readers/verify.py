@@ -88,15 +88,19 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
             problems.append(f"{binf}: {ds.bin_size} bytes, but the index covers {expected}: the file is {what}")
 
     if check_tokens and vocab_size is not None and not problems:
-        tokens = ds.tokens
-        for a in range(0, len(tokens), BLOCK):
-            block = np.asarray(tokens[a : a + BLOCK])
-            bad = first_bad((block < 0) | (block >= vocab_size))
-            if bad is not None:
-                problems.append(f"{binf}: token {a + bad} has id {int(block[bad])}, outside the vocabulary "
-                                f"of size {vocab_size}")
-                break
+        problems += _vocabulary_problems(binf, ds.tokens, vocab_size)
     return problems
+
+
+def _vocabulary_problems(path: str, tokens: np.ndarray, vocab_size: int | None) -> list[str]:
+    """The first token of ``tokens`` (a mapped array) outside the vocabulary, if any, by position;
+    nothing is checked without a vocabulary size."""
+    for a in range(0, len(tokens) if vocab_size is not None else 0, BLOCK):
+        block = np.asarray(tokens[a : a + BLOCK])
+        bad = first_bad((block < 0) | (block >= vocab_size))
+        if bad is not None:
+            return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size {vocab_size}"]
+    return []
 
 
 def verify_pbin(path: str, vocab_size: int | None = None) -> tuple[list[str], str]:
@@ -122,13 +126,9 @@ def verify_pbin(path: str, vocab_size: int | None = None) -> tuple[list[str], st
     total = len(f.tokens)
     if expected != total:
         return [f"{path}: the documents cover {expected:,} of the data's {total:,} tokens"], ""
-    if vocab_size is not None:
-        for a in range(0, total, BLOCK):
-            block = np.asarray(f.tokens[a : a + BLOCK])
-            bad = first_bad(block >= vocab_size)
-            if bad is not None:
-                return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size "
-                        f"{vocab_size}"], ""
+    problems = _vocabulary_problems(path, f.tokens, vocab_size)
+    if problems:
+        return problems, ""
     return [], f"{path}: {f.document_count:,} documents, {total:,} tokens ({f.token_size}-byte tokens)"
 
 
@@ -142,13 +142,9 @@ def verify_ds(path: str, vocab_size: int | None = None) -> tuple[list[str], str]
             f.ends(a, min(f.document_count, a + BLOCK))
     except FormatError as exc:
         return [str(exc)], ""
-    if vocab_size is not None:
-        for a in range(0, f.token_count, BLOCK):
-            block = np.asarray(f.tokens[a : a + BLOCK])
-            bad = first_bad(block >= vocab_size)
-            if bad is not None:
-                return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size "
-                        f"{vocab_size}"], ""
+    problems = _vocabulary_problems(path, f.tokens, vocab_size)
+    if problems:
+        return problems, ""
     for a in range(0, f.token_count if f.loss is not None else 0, BLOCK):
         bad = first_bad(np.asarray(f.loss[a : a + BLOCK]) > 1)
         if bad is not None:
@@ -165,12 +161,9 @@ def verify_olmo(path: str, dtype: np.dtype, eos_id: int, vocab_size: int | None 
         f = OlmoFile(path, dtype, eos_id)
     except FormatError as exc:
         return [str(exc)], ""
-    for a in range(0, f.token_count if vocab_size is not None else 0, BLOCK):
-        block = np.asarray(f.tokens[a : a + BLOCK])
-        bad = first_bad(block >= vocab_size)
-        if bad is not None:
-            return [f"{path}: token {a + bad} has id {int(block[bad])}, outside the vocabulary of size "
-                    f"{vocab_size}"], ""
+    problems = _vocabulary_problems(path, f.tokens, vocab_size)
+    if problems:
+        return problems, ""
     docs = sum(len(lengths) for lengths in f.document_lengths())
     tail = "" if f.terminated else ", the last without EOS"
     return [], (f"{path}: {docs:,} documents{tail}, {f.token_count:,} tokens ({f.dtype.name}, EOS {eos_id}; "
