@@ -62,7 +62,7 @@ def _sweep(comm: Comm, mcore, count: int, seed: int, huge: int, **tuning) -> dic
 def test_random_blends_single_rank(megatron, kernel_mode, report):
     # Every blend through the compiled kernels, as users run them; the first tenth again through
     # numba's JIT. Small blend blocks: a blend is computed and written in many pieces.
-    count = 200 if kernel_mode == "native" else 20
+    count = 100 if kernel_mode == "native" else 20
     outcomes = sweep(SingleComm(), count, seed=7, huge=1, blend_block=1000)
     report(f"blend build, 1 rank, {count} blends, {kernel_mode} kernels: {outcomes}")
     assert labelled(outcomes) == count and outcomes.get("refused", 0) <= REFUSED_AT_MOST * count, outcomes
@@ -79,12 +79,14 @@ def test_random_blends_under_mpi(kernel_mode, report):
     # Blends are cut into one chunk per rank from 50 samples per rank on, so that the chunked
     # blend and its repair run here; no warmup, so that guesses are sometimes wrong; each chunk
     # blended in pieces of 997 samples.
-    outcomes = sweep(comm, 200, seed=300 + comm.size, blend_min_chunk=50, blend_warmup=0, blend_block=997)
+    count = 100
+    outcomes = sweep(comm, count, seed=300 + comm.size, blend_min_chunk=50, blend_warmup=0, blend_block=997)
     if comm.rank == 0:
-        report(f"blend build, {comm.size} ranks, 200 blends, {kernel_mode} kernels: {outcomes}")
-    assert outcomes.get("refused", 0) <= REFUSED_AT_MOST * 200 and outcomes.get("int32 compared", 0) >= 40, outcomes
+        report(f"blend build, {comm.size} ranks, {count} blends, {kernel_mode} kernels: {outcomes}")
+    assert outcomes.get("refused", 0) <= REFUSED_AT_MOST * count, outcomes
+    assert outcomes.get("int32 compared", 0) >= count // 5, outcomes
     # The chunked blend ran, and some chunks started from a wrong guess and were repaired.
-    assert outcomes.get("chunked", 0) >= 50 and outcomes.get("recomputed", 0) > 0, outcomes
+    assert outcomes.get("chunked", 0) >= count // 4 and outcomes.get("recomputed", 0) > 0, outcomes
 
 
 @pytest.mark.mpi(min_size=2)

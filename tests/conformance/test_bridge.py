@@ -418,11 +418,11 @@ def test_the_command_line_on_2_and_3_ranks_and_bridge_reuses_every_file(data, tm
     from support.corpus import run_megacache
 
     rng = random.Random("bridge command line")
-    specs = [random_spec(rng, data, str(tmp_path / "theirs" / str(i))) for i in range(12)]
+    specs = [random_spec(rng, data, str(tmp_path / "theirs" / str(i))) for i in range(8)]
     results = ask({"cwd": str(tmp_path), "build": True,
                    "configs": [{"spec": s, "yaml": str(tmp_path / f"{i}.yaml")} for i, s in enumerate(specs)]})
     built = [(i, s, r) for i, (s, r) in enumerate(zip(specs, results)) if not r.get("error")]
-    assert len(built) >= 8, [r.get("error") for r in results]
+    assert len(built) >= 5, [r.get("error") for r in results]
     again = []
     for i, spec, theirs in built:
         for ranks in (2, 3):
