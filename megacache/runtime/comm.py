@@ -22,7 +22,7 @@ from .environment import comm_kind
 from ..errors import JobCrashed, JobFailed, is_bug
 
 # Environment variables that launchers set in every rank they start.
-_MPI_LAUNCHER_VARS = (
+MPI_LAUNCHER_VARS = (
     "PMI_RANK", "PMI_SIZE", "PMI_FD",           # MPICH hydra, srun --mpi=pmi2
     "OMPI_COMM_WORLD_SIZE",                     # Open MPI
     "PMIX_RANK",                                # PMIx (Open MPI 5, srun --mpi=pmix)
@@ -219,7 +219,7 @@ class TorchComm(Comm):
 
 def launched_under_mpi(environ: dict | None = None) -> bool:
     env = os.environ if environ is None else environ
-    return any(v in env for v in _MPI_LAUNCHER_VARS)
+    return any(v in env for v in MPI_LAUNCHER_VARS)
 
 
 def get_comm(kind: str | None = None) -> Comm:

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+from support import without_mpi
 from support.corpus import MEGACACHE, RANKS_REPORTED, free_port, processes
 
 #: where the bricks and the nodes' files live on the host
@@ -256,9 +257,7 @@ class Cluster:
         """``script args`` under one torchrun agent per node (a c10d rendezvous on loopback); each
         agent's output. Fails unless every agent exits 0."""
         port = free_port()
-        env = dict(os.environ, PYTHONWARNINGS="ignore", GLOO_SOCKET_IFNAME="lo")
-        for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
-            env.pop(var, None)
+        env = without_mpi(dict(os.environ, PYTHONWARNINGS="ignore", GLOO_SOCKET_IFNAME="lo"))
         agents = [subprocess.Popen([*node.enter(), sys.executable, "-m", "torch.distributed.run",
                                     "--nnodes", str(len(self.nodes)), "--nproc-per-node", str(nproc_per_node),
                                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from support import without_mpi
+
 REPO = Path(__file__).resolve().parents[2]
 START = "run slurm/start_single_node.sh (as root) to install and start a one-node Slurm"
 # The sample job's build flags (tests/sample_job.sh, the README's first command), with a split that
@@ -21,7 +23,6 @@ START = "run slurm/start_single_node.sh (as root) to install and start a one-nod
 SPLIT = "90, 5, 5"
 BUILD_FLAGS = ["--seq-length", "256", "--train-iters", "500", "--global-batch-size", "8", "--eval-iters", "5",
                "--eval-interval", "100", "--tokenizer-type", "NullTokenizer", "--vocab-size", "257"]
-LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 
 
 def require_slurm() -> None:
@@ -65,7 +66,7 @@ def test_prebuild_job_under_sbatch_equals_a_single_rank_build(tmp_path, compiled
     require_slurm()
     # The job imports this checkout's megacache, and runs as a plain Slurm job, not inside any
     # launcher this test might run under.
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env = without_mpi(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     corpus, prefix, cache, log = tmp_path / "corpus", tmp_path / "tok", tmp_path / "cache", tmp_path / "job.out"
     megacache("sample-corpus", "--output-dir", str(corpus), "--files", "2", "--documents", "200", env=env)
@@ -115,7 +116,7 @@ def test_scancel_stops_the_prebuild_job_and_a_resubmitted_job_resumes(tmp_path, 
     from support.faults import current_phases, lock_held
 
     require_slurm()
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env = without_mpi(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     corpus, prefix, cache = tmp_path / "corpus", tmp_path / "tok", tmp_path / "cache"
     megacache("sample-corpus", "--output-dir", str(corpus), "--files", "8", "--documents", "6000", env=env)

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+from support import without_mpi
 from support.corpus import free_port
 
 RANK_MAIN = r"""
@@ -31,10 +32,9 @@ def test_torch_gloo_backend_is_detected_and_agrees(tmp_path):
     port = free_port()
     procs = []
     for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore")
-        for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
-            env.pop(var, None)
+        env = without_mpi(dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                               LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                               PYTHONWARNINGS="ignore"))
         procs.append(subprocess.Popen([sys.executable, "-c", RANK_MAIN, str(tmp_path / "out")], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     for p in procs:

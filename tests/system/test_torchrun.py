@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 
+from support import without_mpi
 from support.corpus import free_port
 from support.oracle import write_lengths
 from support.oracles import SUPPORT
@@ -21,9 +22,7 @@ def torchrun(spec_path: str, nproc: int = 2) -> None:
     """The real launcher (``torchrun`` is ``python -m torch.distributed.run``) on
     tests/support/torchrun_rank.py."""
     script = os.path.join(SUPPORT, "torchrun_rank.py")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    for var in ("PMI_RANK", "PMI_SIZE", "PMI_FD", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"):
-        env.pop(var, None)
+    env = without_mpi(dict(os.environ, PYTHONWARNINGS="ignore"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", script, spec_path]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
