@@ -20,9 +20,9 @@ megatron-core's, is what megacache's own work can still gain. One JSON line per 
 
 The ranks' side runs as ``python -m benchmarks.floor start`` and ``… files SOURCE DEST``.
 
-``direct_write_rate`` is the disk's own sequential write rate (O_DIRECT, then fsync), which the seed
-suite (``seed.py``) measures beside its build: the build's bytes written at that rate are the
-seconds the disk alone needs for them.
+``direct_rates`` are the disk's own sequential write rate (O_DIRECT, then fsync) and read rate
+(O_DIRECT), which the seed suite (``seed.py``) measures beside its build and its verify: the bytes
+they write and read at those rates are the seconds the disk alone needs for them.
 """
 
 from __future__ import annotations
@@ -89,16 +89,18 @@ def files(source: str, dest: str) -> None:
         print(f"  phases: write {write:.3f} s, sync {sync:.3f} s, publish {publish:.3f} s")
 
 
-#: bytes per O_DIRECT write of ``direct_write_rate``
+#: bytes per O_DIRECT write and read of ``direct_rates``
 DIRECT_CHUNK = 64 << 20
 
 
-def direct_write_rate(directory: str, nbytes: int) -> dict:
-    """``nbytes`` (whole chunks of DIRECT_CHUNK, at least one) written into a new file in
-    ``directory`` through O_DIRECT, one chunk after another from one page-aligned buffer of random
-    bytes (a virtual disk may make zeros cheap), then fsync'd; the file is removed. Nothing passes
-    through the page cache, so this is what the device takes. ``{"bytes", "write_s", "fsync_s",
-    "seconds", "bytes_per_s"}``; None where the filesystem refuses O_DIRECT (tmpfs)."""
+def direct_rates(directory: str, nbytes: int) -> dict:
+    """The disk's own sequential rates: ``nbytes`` (whole chunks of DIRECT_CHUNK, at least one)
+    written into a new file in ``directory`` through O_DIRECT, one chunk after another from one
+    page-aligned buffer of random bytes (a virtual disk may make zeros cheap), then fsync'd, then
+    read back the same way; the file is removed. Nothing passes through the page cache, so this is
+    what the device takes. ``{"bytes", "write_s", "fsync_s", "seconds", "bytes_per_s", "read_s",
+    "read_bytes_per_s"}`` (``seconds`` and ``bytes_per_s``: writing, fsync included); None where
+    the filesystem refuses O_DIRECT (tmpfs)."""
     import mmap
 
     import numpy as np
@@ -107,9 +109,10 @@ def direct_write_rate(directory: str, nbytes: int) -> dict:
     buffer = mmap.mmap(-1, DIRECT_CHUNK)  # anonymous maps are page-aligned, as O_DIRECT needs
     buffer[:] = np.random.default_rng(0).integers(0, 256, DIRECT_CHUNK, dtype=np.uint8).tobytes()
     view = memoryview(buffer)
-    path = os.path.join(directory, "direct-write-rate.tmp")
+    path = os.path.join(directory, "direct-rates.tmp")
+    direct = getattr(os, "O_DIRECT", 0)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | direct, 0o644)
     except OSError:
         return None
     try:
@@ -124,6 +127,14 @@ def direct_write_rate(directory: str, nbytes: int) -> dict:
         t1 = time.perf_counter()
         os.fsync(fd)
         t2 = time.perf_counter()
+        for k in range(chunks):
+            done = 0
+            while done < DIRECT_CHUNK:
+                got = os.preadv(fd, [view[done:]], k * DIRECT_CHUNK + done)
+                if got == 0:
+                    raise OSError(f"{path}: ended at byte {k * DIRECT_CHUNK + done} while reading back")
+                done += got
+        t3 = time.perf_counter()
     finally:
         os.close(fd)
         os.unlink(path)
@@ -131,7 +142,7 @@ def direct_write_rate(directory: str, nbytes: int) -> dict:
         buffer.close()
     written = chunks * DIRECT_CHUNK
     return {"bytes": written, "write_s": t1 - t0, "fsync_s": t2 - t1, "seconds": t2 - t0,
-            "bytes_per_s": written / (t2 - t0)}
+            "bytes_per_s": written / (t2 - t0), "read_s": t3 - t2, "read_bytes_per_s": written / (t3 - t2)}
 
 
 def measure_floor(suite_name: str, factor: float, ranks: int, repeats: int, results: str) -> dict:

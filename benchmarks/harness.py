@@ -76,7 +76,8 @@ def run_program(module_args: list[str], ranks: int | None, work: str, phases: bo
     reported = _phases(out.stdout) if phases else {}
     reported[OTHER] = max(0.0, wall - sum(reported.values()))
     return {"wall_s": wall, "phases": reported, "rss_kb": [r["rss_kb"] for r in per_rank],
-            "cpu_s": [r["cpu_s"] for r in per_rank], "write_bytes": [r["write_bytes"] for r in per_rank]}
+            "cpu_s": [r["cpu_s"] for r in per_rank], "write_bytes": [r["write_bytes"] for r in per_rank],
+            "read_bytes": [r["read_bytes"] for r in per_rank]}
 
 
 def summarize(runs: list[dict]) -> dict:

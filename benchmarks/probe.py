@@ -1,7 +1,7 @@
 """Run ``python -m MODULE ARGS…`` in this process; at exit write this rank's resource use to
 ``STATS.<rank>`` as JSON: peak RSS (KiB), CPU seconds (user + system, threads and children
-included) and bytes written (``/proc/self/io``'s ``write_bytes``: what reached the block layer,
-memory-mapped writes included).
+included) and bytes read and written (``/proc/self/io``'s ``read_bytes`` and ``write_bytes``: what
+the block layer read and wrote, memory-mapped writes included).
 
     python -m benchmarks.probe STATS MODULE [ARGS…]
 """
@@ -16,18 +16,22 @@ import runpy
 import sys
 
 
-def _write_bytes() -> int | None:
+def _io() -> dict:
+    """``/proc/self/io``'s ``read_bytes`` and ``write_bytes``: what the block layer read and wrote
+    for this process (page-cache hits not read, memory-mapped writes included)."""
+    wanted = ("read_bytes", "write_bytes")
     try:
         with open("/proc/self/io") as f:
-            return next(int(line.split(":")[1]) for line in f if line.startswith("write_bytes:"))
-    except (OSError, StopIteration):  # not Linux, or /proc hidden: recorded as unknown
-        return None
+            pairs = dict(line.split(":") for line in f if line.startswith(wanted))
+        return {k: int(pairs[k]) for k in wanted}
+    except (OSError, KeyError, ValueError):  # not Linux, or /proc hidden: recorded as unknown
+        return dict.fromkeys(wanted)
 
 
 def _write_stats(path: str) -> None:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     stats = {"rss_kb": me.ru_maxrss, "cpu_s": me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime,
-             "write_bytes": _write_bytes()}
+             **_io()}
     with open(path, "w") as f:
         json.dump(stats, f)
 

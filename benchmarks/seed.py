@@ -7,11 +7,12 @@ run measures and checks, in this order, in one work directory removed at the end
 
 1. the inputs (sparse ``.bin`` files; the ``.idx`` files alone are 20 bytes a document, 10 GB at
    full size), after a check that the disk has room for them and the outputs;
-2. the disk's own write rate (``floor.direct_write_rate``: O_DIRECT, then fsync), the floor: the
-   build's bytes written at that rate;
+2. the disk's own write and read rates (``floor.direct_rates``: O_DIRECT), the floors: the build's
+   bytes written and verify's bytes read from the disk, at those rates;
 3. ``megacache build`` under ``mpiexec -n P`` (``harness.run_program``): wall time from outside,
    each phase, each rank's peak RSS, CPU seconds and bytes written;
-4. ``mpiexec -n P megacache verify`` of the cache, after a sync;
+4. ``mpiexec -n P megacache verify`` of the cache, after a sync: wall time, peak RSS and bytes read
+   from the disk (those the page cache did not hold) per rank;
 5. exactness at that scale: a few member datasets (the largest, the smallest and one drawn in
    between with a fixed seed) built by megatron-core 0.16.1 alone (``reference.members``: their
    GPTDatasets as its builder makes them inside the blend), every file compared byte for byte with
@@ -269,11 +270,12 @@ def run(suite_name: str, suite, factor: float, ranks: int, results: str) -> dict
         record["planned_output_bytes"] = planned["bytes"]
 
         # 2. the disk's own rate
-        rate = floor.direct_write_rate(work, floor_bytes)
+        rate = floor.direct_rates(work, floor_bytes)
         record["disk"] = rate
         if rate is not None:
             _log(f"disk: {rate['bytes'] / 2**30:.2f} GiB O_DIRECT + fsync in {rate['seconds']:.2f} s, "
-                 f"{rate['bytes_per_s'] / 1e9:.2f} GB/s")
+                 f"{rate['bytes_per_s'] / 1e9:.2f} GB/s; read back (O_DIRECT) in {rate['read_s']:.2f} s, "
+                 f"{rate['read_bytes_per_s'] / 1e9:.2f} GB/s")
 
         # 3. the build
         cache = os.path.join(work, "cache")
@@ -290,6 +292,9 @@ def run(suite_name: str, suite, factor: float, ranks: int, results: str) -> dict
         # 4. megacache verify
         verify = run_program(["megacache", "verify", cache], ranks, work, phases=False)
         record["verify"] = verify
+        read = sum(b for b in verify["read_bytes"] if b is not None)
+        record["verify_floor_s"] = (read / rate["read_bytes_per_s"] if rate and None not in verify["read_bytes"]
+                                    else None)
         _log(f"verify at P = {ranks}: {verify['wall_s']:.2f} s, RSS {_gib(verify['rss_kb'])} GiB per rank")
 
         # 5. exactness: member datasets by megatron-core, the blends' counts
@@ -409,8 +414,13 @@ def table(record: dict) -> str:
                     f"{disk['bytes_per_s'] / 1e9:.2f} GB/s: the build's {written / 1e9:.2f} GB take "
                     f"{record['floor_s']:.1f} s ({record['floor_s'] / b['wall_s']:.0%} of the build) |")
     v = record["verify"]
+    read = ""
+    if record.get("verify_floor_s") is not None:  # records before reads were measured have none
+        read = (f"; {sum(v['read_bytes']) / 1e9:.2f} GB read from the disk (the rest from the page cache), "
+                f"{record['verify_floor_s']:.1f} s at its O_DIRECT read rate of "
+                f"{disk['read_bytes_per_s'] / 1e9:.2f} GB/s")
     rows.append(f"| `mpiexec -n {ranks} megacache verify` of the cache | {v['wall_s']:.1f} s wall, peak RSS per "
-                f"rank {' / '.join(f'{r / 2**20:.2f}' for r in v['rss_kb'])} GiB |")
+                f"rank {' / '.join(f'{r / 2**20:.2f}' for r in v['rss_kb'])} GiB{read} |")
     rows.append(f"| member datasets by megatron-core 0.16.1 alone (indices {members['indices']}: "
                 f"{', '.join(f'{d:,}' for d in members['documents'])} documents) | {members['files']} files, "
                 f"{members['bytes'] / 1e6:,.1f} MB: "
