@@ -28,7 +28,7 @@ from ..builders.gpt import array_shapes
 from ..errors import FormatError, MegacacheError
 from ..formats.datatrove import DsFile
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
-from ..formats.npy import load_npy
+from ..formats.npy import load_npy, npy_offset
 from ..formats.olmo import OlmoFile
 from ..formats.pbin import PackedFile, expected_offsets
 from ..megatron.cache import describe, description_hash
@@ -493,7 +493,7 @@ def _blocks(files, lo: int, hi: int):
     fds, offsets, buffers = [], [], []
     try:
         for path, dtype in files:
-            offsets.append(load_npy(path).offset)
+            offsets.append(npy_offset(path))
             fds.append(os.open(path, os.O_RDONLY))
             buffers.append(np.empty(min(BLOCK, hi - lo), dtype=dtype))
         for a in range(lo, hi, BLOCK):
