@@ -148,24 +148,14 @@ class NpyWriter:
 
 def read_npy_header(path: str) -> tuple[np.dtype, tuple[int, ...]]:
     """``(dtype, shape)`` of an ``.npy`` file from its header alone."""
-    dtype, shape, _ = _header(path)
-    return dtype, shape
-
-
-def npy_offset(path: str) -> int:
-    """Where the data of an ``.npy`` file starts: the length of its header."""
-    return _header(path)[2]
-
-
-def _header(path: str) -> tuple[np.dtype, tuple[int, ...], int]:
     try:
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, _, dtype = read(f)
-            return np.dtype(dtype), tuple(shape), f.tell()
     except (ValueError, OSError) as exc:
         raise FormatError(f"{path}: not a readable .npy header ({exc})") from None
+    return np.dtype(dtype), tuple(shape)
 
 
 def load_npy(path: str, mmap: bool = True) -> np.ndarray:
@@ -178,6 +168,18 @@ def load_npy(path: str, mmap: bool = True) -> np.ndarray:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise FormatError(f"{path}: not a readable .npy array ({exc})") from None
+
+
+def npy_offset(path: str) -> int:
+    """Where the data of an ``.npy`` file starts: the length of its header."""
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            read(f)
+            return f.tell()
+    except (ValueError, OSError) as exc:
+        raise FormatError(f"{path}: not a readable .npy header ({exc})") from None
 
 
 #: The header ``numpy.save`` writes for a C-ordered array of a plain dtype (format 1.0). Opening a
