@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import io
 import math
-import mmap as mmap_module
 import os
-import re
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
@@ -159,59 +157,8 @@ def read_npy_header(path: str) -> tuple[np.dtype, tuple[int, ...]]:
 
 
 def load_npy(path: str, mmap: bool = True) -> np.ndarray:
-    """Open a cache array without ever unpickling (``allow_pickle=False``); mapped read-only unless
-    ``mmap`` is false."""
-    array = _mapped(path) if mmap else None
-    if array is not None:
-        return array
+    """Open a cache array without ever unpickling (``allow_pickle=False``)."""
     try:
         return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise FormatError(f"{path}: not a readable .npy array ({exc})") from None
-
-
-def npy_offset(path: str) -> int:
-    """Where the data of an ``.npy`` file starts: the length of its header."""
-    try:
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            read(f)
-            return f.tell()
-    except (ValueError, OSError) as exc:
-        raise FormatError(f"{path}: not a readable .npy header ({exc})") from None
-
-
-#: The header ``numpy.save`` writes for a C-ordered array of a plain dtype (format 1.0). Opening a
-#: cache maps thousands of arrays, and numpy's reader (which parses any header with ``ast``) costs
-#: about four times this path; every other header, and every problem, is left to numpy's reader.
-_HEADER = re.compile(rb"\{'descr': '([<>|][a-z]\d+)', 'fortran_order': False, 'shape': \(((?:\d+, )*\d+,?)?\), \} *\n")
-
-
-def _mapped(path: str) -> np.ndarray | None:
-    """A read-only mapped array where the file holds such a header and all its data; else None."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        head = os.pread(fd, 128, 0)
-        if head[:8] != b"\x93NUMPY\x01\x00" or len(head) < 10:
-            return None
-        offset = 10 + int.from_bytes(head[8:10], "little")
-        if offset > len(head):
-            head = os.pread(fd, offset, 0)
-        found = _HEADER.fullmatch(head[10:offset])
-        if found is None:
-            return None
-        dtype = np.dtype(found[1].decode())
-        shape = tuple(int(n) for n in found[2].split(b",") if n.strip()) if found[2] else ()
-        count = math.prod(shape)
-        if os.fstat(fd).st_size < offset + count * dtype.itemsize:
-            return None  # truncated: numpy's reader says so
-        data = mmap_module.mmap(fd, 0, access=mmap_module.ACCESS_READ)
-    except (OSError, ValueError, TypeError):
-        return None
-    finally:
-        os.close(fd)
-    return np.frombuffer(data, dtype, count=count, offset=offset).reshape(shape)

@@ -28,7 +28,7 @@ from ..builders.gpt import array_shapes
 from ..errors import FormatError, MegacacheError
 from ..formats.datatrove import DsFile
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
-from ..formats.npy import load_npy, npy_offset
+from ..formats.npy import load_npy
 from ..formats.olmo import OlmoFile
 from ..formats.pbin import PackedFile, expected_offsets
 from ..megatron.cache import describe, description_hash
@@ -496,7 +496,7 @@ def _blocks(files, lo: int, hi: int):
     fds, offsets, buffers = [], [], []
     try:
         for path, dtype in files:
-            offsets.append(npy_offset(path))
+            offsets.append(load_npy(path).offset)
             fds.append(os.open(path, os.O_RDONLY))
             buffers.append(np.empty(min(BLOCK, hi - lo), dtype=dtype))
         items = ([(path, off + a * buf.itemsize, min(BLOCK, hi - a) * buf.itemsize)
