@@ -35,7 +35,7 @@ from ..megatron.cache import describe, description_hash
 from ..megatron.tokenizer import versions_of
 from ..megatron.versions import resolve
 from ..runtime.comm import Comm, SingleComm
-from ..runtime.fsio import ReadAhead, pread_into
+from ..runtime.fsio import pread_into, read_ahead
 from .inspection import count_blend, in_order, list_cache, read_entry, split_range, tokenizer_note
 
 
@@ -218,10 +218,10 @@ def verify_cache(directory: str, megatron_version: str | None = None, comm: Comm
     verdicts = {}
     with comm.agreed("checking the cache entries"):
         owned = [e for e, owner in zip(alone, _owners(alone, comm.size)) if owner == comm.rank]
-        with ReadAhead(map(_ranges, owned), READ_AHEAD) as ahead:  # read while checking
-            for e in owned:
-                verdicts[_key(e)] = _verify_entry(e, gpt, version)
-                ahead.done()
+        for i, e in enumerate(owned):
+            if i + 1 < len(owned):
+                _read_ahead(owned[i + 1])  # read while this one is checked
+            verdicts[_key(e)] = _verify_entry(e, gpt, version)
     for e in sliced:
         verdicts[_key(e)] = _verify_blend_slices(e, gpt, comm)
     for part in comm.allgather({k: v for k, v in verdicts.items() if v is not None}):
@@ -229,19 +229,16 @@ def verify_cache(directory: str, megatron_version: str | None = None, comm: Comm
     return [verdicts[_key(e)] for e in entries]
 
 
-#: bytes each rank reads ahead of its checks
-READ_AHEAD = 256 << 20
-
-
-def _ranges(e) -> list[tuple[str, int, int]]:
-    """What checking an entry reads: its arrays, and its dataset's sequence lengths."""
-    ranges = [(e.path(what), 0, 0) for what in e.arrays]
+def _read_ahead(e) -> None:
+    """Start reading an entry's arrays, and its dataset's sequence lengths, into the page cache."""
+    for what in e.arrays:
+        read_ahead(e.path(what))
     path = e.description.get("dataset_path") if isinstance(e.description, dict) else None
     try:
         layout = read_layout(idx_path(str(path)))
     except MegacacheError:
-        return ranges  # not a GPTDataset's, or a dataset the check reports
-    return [*ranges, (idx_path(str(path)), layout.lengths_offset, 4 * layout.sequence_count)]
+        return  # not a GPTDataset's, or a dataset the check reports
+    read_ahead(idx_path(str(path)), layout.lengths_offset, 4 * layout.sequence_count)
 
 
 def _key(e) -> tuple[str, str, str]:
@@ -499,14 +496,13 @@ def _blocks(files, lo: int, hi: int):
             offsets.append(load_npy(path).offset)
             fds.append(os.open(path, os.O_RDONLY))
             buffers.append(np.empty(min(BLOCK, hi - lo), dtype=dtype))
-        items = ([(path, off + a * buf.itemsize, min(BLOCK, hi - a) * buf.itemsize)
-                  for (path, _), buf, off in zip(files, buffers, offsets)] for a in range(lo, hi, BLOCK))
-        with ReadAhead(items, READ_AHEAD) as ahead:  # the next blocks, while this one is checked
-            for a in range(lo, hi, BLOCK):
-                m = min(BLOCK, hi - a)
-                yield (a, *(pread_into(fd, buf[:m], off + a * buf.itemsize)
-                            for fd, buf, off in zip(fds, buffers, offsets)))
-                ahead.done()
+        for a in range(lo, hi, BLOCK):
+            m = min(BLOCK, hi - a)
+            for (path, _), buf, off in zip(files, buffers, offsets):  # the next block, while this one is checked
+                if a + m < hi:
+                    read_ahead(path, off + (a + m) * buf.itemsize, min(BLOCK, hi - a - m) * buf.itemsize)
+            yield (a, *(pread_into(fd, buf[:m], off + a * buf.itemsize)
+                        for fd, buf, off in zip(fds, buffers, offsets)))
     finally:
         for fd in fds:
             os.close(fd)

@@ -16,7 +16,6 @@ import os
 import resource
 import shutil
 import threading
-from collections import deque
 from contextlib import contextmanager
 from typing import Any
 
@@ -208,70 +207,6 @@ def read_ahead(path: str, offset: int = 0, length: int = 0) -> None:
         pass  # advice only
     finally:
         os.close(fd)
-
-
-class ReadAhead:
-    """Reads ranges of files into the page cache on a thread of its own while the caller works
-    through them, at most ``window`` bytes ahead of the caller: the disk stays busy while the caller
-    computes, and nothing is read so far ahead that the page cache drops it before its use.
-
-    ``items`` are the caller's units of work in order, each a list of ``(path, offset, length)``
-    ranges (length 0: to the end of the file); the caller says ``done()`` after each unit. The
-    iterable is consumed on the thread. Advice only: a range that cannot be read is left for the
-    caller to report. A context manager; leaving it stops the thread."""
-
-    def __init__(self, items, window: int):
-        self._items, self._window = items, window
-        self._pending: deque[int] = deque()  # bytes of each unit read ahead and not yet done
-        self._ahead = 0  # their sum
-        self._behind = 0  # units the caller finished before the thread reached them
-        self._stopped = False
-        self._cond = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="megacache-read-ahead", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        for ranges in self._items:
-            ranges = [(path, offset, length or _size_after(path, offset)) for path, offset, length in ranges]
-            size = sum(length for _, _, length in ranges)
-            with self._cond:
-                if self._behind:
-                    self._behind -= 1
-                    continue
-                while self._pending and self._ahead + size > self._window and not self._stopped:
-                    self._cond.wait()
-                if self._stopped:
-                    return
-                self._pending.append(size)
-                self._ahead += size
-            for path, offset, length in ranges:
-                if length:
-                    read_ahead(path, offset, length)
-
-    def done(self) -> None:
-        """The caller has finished its next unit."""
-        with self._cond:
-            if self._pending:
-                self._ahead -= self._pending.popleft()
-                self._cond.notify()
-            else:
-                self._behind += 1
-
-    def __enter__(self) -> "ReadAhead":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        self._thread.join()
-
-
-def _size_after(path: str, offset: int) -> int:
-    try:
-        return max(0, os.path.getsize(path) - offset)
-    except OSError:
-        return 0
 
 
 def copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, count: int) -> None:

@@ -1,5 +1,4 @@
 import os
-import time
 
 import numpy as np
 import pytest
@@ -117,38 +116,3 @@ def test_discarded_files_leave_nothing(tmp_path, unnamed_limit):
     staging.path(str(tmp_path / "shared.npy"))  # named, written by others: here never created
     staging.discard()
     assert os.listdir(tmp_path) == []
-
-
-def test_read_ahead_stays_within_its_window_and_never_blocks_the_caller(tmp_path):
-    """The thread reads a unit only while the units read and not yet done fit the window (one unit
-    at a time when each is larger); a caller that finishes units before the thread reaches them,
-    or leaves early, is never held up; missing files and empty ranges are skipped."""
-    from megacache.runtime import fsio
-
-    paths = []
-    for k in range(6):
-        paths.append(str(tmp_path / f"f{k}"))
-        with open(paths[-1], "wb") as f:
-            f.write(b"x" * 1000)
-    asked = []
-    real = fsio.read_ahead
-    fsio.read_ahead = lambda path, offset, length: asked.append((os.path.basename(path), offset, length))
-    try:
-        units = [[(p, 0, 0), (str(tmp_path / "missing"), 0, 0)] for p in paths]
-        with fsio.ReadAhead(iter(units), window=2500) as ahead:
-            deadline = time.monotonic() + 10
-            while len(asked) < 2 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            time.sleep(0.1)
-            assert asked == [("f0", 0, 1000), ("f1", 0, 1000)]  # a third would pass 2,500 bytes
-            ahead.done()
-            while len(asked) < 3 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert asked[2] == ("f2", 0, 1000)
-        with fsio.ReadAhead(iter([[(paths[0], 10, 500)]] * 3), window=100) as ahead:
-            for _ in range(3):
-                ahead.done()  # before, or after, the thread reached the unit
-        with fsio.ReadAhead(iter(units), window=1):
-            pass  # left at once: the thread stops
-    finally:
-        fsio.read_ahead = real
