@@ -21,6 +21,7 @@ Order of work, chosen so that nothing is wasted and nothing partial is visible:
 from __future__ import annotations
 
 import os
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,6 +64,15 @@ class BuildResult:
 
 # ---------------------------------------------------------------------------------------------
 # Plan
+
+
+def _is_other_than_directory(path: str) -> bool:
+    """Whether ``path`` is there and is not a directory: one look, so a path removed or made by
+    another node meanwhile is judged as it is at that moment (what does not exist is made later)."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:  # not there (or not reachable): making it later says why
+        return False
 
 
 def _check_sizes(cfg: BuildConfig) -> None:
@@ -211,9 +221,10 @@ def plan(cfg: BuildConfig, comm: Comm | None = None, decide_reuse: bool = True) 
         raise MegacacheError("--data-cache-path '': megatron-core caches nothing under an empty path (every rank "
                              "builds the indices in memory); give a directory, or leave the flag out for the "
                              "default under each prefix")
-    if cfg.cache_dir is not None and os.path.exists(cfg.cache_dir) and not os.path.isdir(cfg.cache_dir):
+    if cfg.cache_dir is not None and _is_other_than_directory(cfg.cache_dir):
         raise MegacacheError(f"--data-cache-path {cfg.cache_dir}: exists and is not a directory; give a directory")
     sequences = _sequences_path(cfg)
+    # An early, clear refusal only: a directory made there later fails the publish's rename.
     if sequences is not None and os.path.isdir(sequences):
         raise MegacacheError(f"--per-dataset-sequences-path {sequences}: is a directory; give the path of the JSON "
                              f"file to write, or '' for none")

@@ -534,6 +534,8 @@ def expand_inputs(paths: list[str], input_list: str | None = None) -> list[str]:
         except OSError as exc:
             raise MegacacheError(f"--input-list {input_list}: cannot read it: {exc.strerror}") from None
     out = []
+    # Inputs are only read while a job runs: judging a path before opening it is safe, and one
+    # that vanishes after is reported when it is planned.
     for path in given:
         if os.path.isdir(path) and not os.path.isfile(idx_path(path)):
             out += _folder(path)

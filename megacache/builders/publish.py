@@ -54,6 +54,7 @@ def updated_manifest(directory: str, records: dict[str, dict]) -> bytes:
 
 
 def write_manifest(directory: str, data: bytes) -> None:
+    # The state directory is removed only when empty, and the caller's lock file is in it.
     os.makedirs(os.path.dirname(manifest_path(directory)), exist_ok=True)
     write_atomic(manifest_path(directory), data)
 

@@ -31,7 +31,7 @@ from ..errors import MegacacheError
 from ..runtime.log import LOG
 from ..formats.indexed import optimal_dtype
 from ..formats.pbin import SUFFIX as PBIN_SUFFIX, TOKEN_DTYPES, token_size
-from ..runtime.fsio import publish, read_json, remove_quietly, remove_tree, tmp_path, write_json_atomic, writing
+from ..runtime.fsio import gone, publish, read_json, remove_quietly, remove_tree, tmp_path, write_json_atomic, writing
 from ..text.inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
 from ..runtime.coordination import Guard
 from ..runtime.progress import Progress
@@ -152,16 +152,19 @@ def _unit_name(work_dir: str, index: int, suffix: str) -> str:
 
 def _prepare_work_dir(work_dir: str, fingerprint: str) -> list[int]:
     """Reuse a work directory left by an identical earlier run, else start it afresh.
-    Returns the indices of units already finished."""
+    Returns the indices of units already finished. The directory is read, not tested first: one
+    that another node removed can still look present to this node's client for a moment."""
     record = os.path.join(work_dir, "fingerprint.json")
-    if os.path.isdir(work_dir):
-        try:
-            same = read_json(record).get("fingerprint") == fingerprint
-        except (OSError, ValueError):
-            same = False
-        if same:
+    try:
+        if read_json(record).get("fingerprint") == fingerprint:
             return sorted(int(n[5:12]) for n in os.listdir(work_dir) if n.endswith(".done"))
+    except (OSError, ValueError, AttributeError):
+        pass  # none, another run's, torn, or removed by another node since: started afresh
+    try:
         remove_tree(work_dir, "stale")
+    except OSError as exc:
+        if not gone(exc):
+            raise
     os.makedirs(work_dir)
     write_json_atomic(record, {"fingerprint": fingerprint})
     return []

@@ -98,6 +98,7 @@ class DsFile:
             raise FormatError(f"{self.index_file}: the documents cover {last} of the {self.token_count} tokens of "
                               f"{path}; the index is truncated or belongs to another file")
         self.tokens = _map(path, data_bytes, self.dtype)
+        # A dataset's companion files are only read while a job runs: looking first is safe.
         self.loss_file = loss_path(path) if os.path.exists(loss_path(path)) else None
         if self.loss_file and os.path.getsize(self.loss_file) != self.token_count:
             raise FormatError(f"{self.loss_file}: {os.path.getsize(self.loss_file)} bytes, but {path} holds "

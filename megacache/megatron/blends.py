@@ -161,6 +161,8 @@ def blend_from_flags(data_path: list[str] | None = None, data_args_path: str | N
 def check_prefixes_exist(prefixes) -> None:
     """Every prefix's .idx and .bin are there: the first missing file named, and how many more
     prefixes lack theirs."""
+    # A message for a dataset that is not there, before any work: the datasets are only read, so
+    # one removed after this is an error when it is opened, never a wrong output.
     missing = [p for p in prefixes if not (os.path.isfile(p + ".idx") and os.path.isfile(p + ".bin"))]
     if missing:
         first = missing[0]

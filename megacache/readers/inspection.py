@@ -412,6 +412,7 @@ def inspect_path(path: str, megatron_version: str | None = None, eos_id: int | N
     if is_olmo(path):
         return Report(format_olmo(OlmoFile(path, given_width(f"inspect: {path}", dtype, None),
                                            given_eos(eos_id, "inspect"))), [])
+    # Judged before it is read (inspect only reads): a path that changes after is read as it then is.
     prefix = path[:-4] if path.endswith((".idx", ".bin")) and os.path.isfile(path) else path
     # Checked before the directory case: Megatron's default cache dir makes the prefix a directory too.
     if os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)):

@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..errors import JobFailed, MegacacheError
-from .fsio import STATE_DIR, TMP_MARK, remove_quietly, write_json_atomic
+from .fsio import STATE_DIR, TMP_MARK, gone, remove_quietly, write_json_atomic
 from . import preemption
 from .environment import heartbeat_s, stale_s
 from .log import LOG
@@ -149,9 +149,6 @@ class Lock:
         while True:
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            except FileNotFoundError:  # the last job removed the empty state directory just now
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
-                continue
             except FileExistsError:
                 holder, age = _read_record(self.path)
                 if holder is None:
@@ -172,6 +169,16 @@ class Lock:
                 time.sleep(delay)
                 delay = min(2 * delay, 1.0)
                 continue
+            except OSError as exc:
+                if not gone(exc):
+                    raise
+                # The last job removed the empty state directory after makedirs saw it (on
+                # another node, or as this client's cached entry): made again. A client that
+                # still shows it for its entry timeout is asked again after a pause.
+                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                time.sleep(delay)
+                delay = min(2 * delay, 1.0)
+                continue
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(self.record))
             self._beat = _Beat(self._refresh, "megacache-lock")
@@ -183,7 +190,9 @@ class Lock:
         aside = f"{self.path}.broken-{self.record['token']}"
         try:
             os.rename(self.path, aside)
-        except FileNotFoundError:
+        except OSError as exc:  # another breaker won, or the holder released it
+            if not gone(exc):
+                raise
             return
         taken, _ = _read_record(aside)
         if taken is not None and taken.get("token") != holder.get("token"):
@@ -234,6 +243,7 @@ class Monitor:
         self._started = time.time()
         self._failing_since: float | None = None
         self._peer_seen = False
+        # Removed only when empty: rank 0's lock file is in it before any rank gets here.
         os.makedirs(self.dir, exist_ok=True)
         self._write()
         self._beat = _Beat(self._tick, "megacache-monitor")
@@ -340,14 +350,21 @@ def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, 
     prefix = f"{key}.job-"
     try:
         names = sorted(os.listdir(state))
-    except FileNotFoundError:
+    except OSError as exc:
+        if not gone(exc):
+            raise
         names = []
     for name in names:
         if not name.startswith(prefix) or name == f"{prefix}{own_job}":
             continue
         path = os.path.join(state, name)
         ranks = []
-        rank_files = [n for n in os.listdir(path) if n.startswith("rank-") and n[5:].isdigit()]
+        try:
+            rank_files = [n for n in os.listdir(path) if n.startswith("rank-") and n[5:].isdigit()]
+        except OSError as exc:  # its job, judged dead but alive, finished and removed its records
+            if not gone(exc):
+                raise
+            continue
         for rank_file in sorted(rank_files, key=lambda n: int(n[5:])):
             record, _ = _read_record(os.path.join(path, rank_file))
             if record:
@@ -362,8 +379,9 @@ def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, 
     for d in (directory, state):  # the state directory too: a manifest being rewritten
         try:
             entries += list(os.scandir(d))
-        except FileNotFoundError:
-            pass
+        except OSError as exc:
+            if not gone(exc):
+                raise
     for entry in entries:
         if entry.name.startswith(temporaries) and TMP_MARK in entry.name:
             if entry.is_dir(follow_symlinks=False):
@@ -415,7 +433,9 @@ def tidy(directories, key: str, temporaries: tuple[str, ...]) -> None:
     for d in sorted(set(directories)):
         try:
             names = os.listdir(state_dir(d))
-        except FileNotFoundError:
+        except OSError as exc:
+            if not gone(exc):
+                raise
             continue
         if not any(n == f"{key}.lock" or n.startswith(f"{key}.job-") for n in names):
             continue

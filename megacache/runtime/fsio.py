@@ -24,6 +24,9 @@ import numpy as np
 from ..errors import MegacacheError
 
 TMP_MARK = ".megacache-tmp"
+#: what a path that is not there (any more) answers: ENOENT, or ESTALE where a network filesystem's
+#: client still held a handle to what another node removed
+GONE = (errno.ENOENT, errno.ESTALE)
 #: the hidden directory megacache keeps beside its outputs (locks, rank records, the manifest)
 STATE_DIR = ".megacache"
 
@@ -474,8 +477,19 @@ def remove_tree(path: str, tag: str) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
+def gone(exc: OSError) -> bool:
+    """Whether ``exc`` says its path is not there (any more). A path on a shared filesystem is
+    acted on and this asked of the error, never tested first: another node may remove or create it
+    between the test and the act, and a client's cached entry can still show what the server no
+    longer has."""
+    return exc.errno in GONE
+
+
 def remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
-    except (FileNotFoundError, NotADirectoryError):
+    except NotADirectoryError:
         pass
+    except OSError as exc:
+        if not gone(exc):
+            raise

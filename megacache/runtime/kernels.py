@@ -301,6 +301,7 @@ def compiled_library() -> str | None:
     if directory is None:
         return None
     path = library_path(directory)
+    # Published by rename and never removed by megacache: once seen, it stays loadable.
     return path if os.path.isfile(path) else None
 
 

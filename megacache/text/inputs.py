@@ -152,6 +152,8 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     if not patterns:
         raise MegacacheError("--input: give at least one file, directory or glob")
     found: set[str] = set()
+    # Inputs are only read while a job runs: judging a path before opening it is safe, and one
+    # that vanishes after is reported when its unit opens it.
     for pattern in patterns:
         if os.path.isdir(pattern):
             files = _walk(pattern)

@@ -1,6 +1,7 @@
 """The cluster tier's machine: a GlusterFS volume served from a tmpfs brick, a small one to fill, and
-two emulated nodes mounting both (tests/support/cluster.py). Made once per run; each test clears
-the volumes' contents when it is done."""
+two emulated nodes mounting both (tests/support/cluster.py). Made once per client caching setting
+(``CACHING_S``), the whole tier run under each; each test clears the volumes' contents when it is
+done."""
 
 from __future__ import annotations
 
@@ -9,15 +10,16 @@ import pytest
 from support import cluster as emulated
 
 
-@pytest.fixture(scope="session")
-def volumes():
+@pytest.fixture(scope="session", params=list(emulated.CACHING_S))
+def volumes(request):
+    """The volumes, mounted with each client caching setting in turn (every test runs under each)."""
     reason = emulated.unavailable()
     if reason:
         pytest.skip(reason)
     made = []
     try:
-        made.append(emulated.Volume("shared", size_mb=1024))
-        made.append(emulated.Volume("small", size_mb=24))
+        made.append(emulated.Volume("shared", size_mb=1024, caching=request.param))
+        made.append(emulated.Volume("small", size_mb=24, caching=request.param))
         yield made
     finally:
         for volume in reversed(made):

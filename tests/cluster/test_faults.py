@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 
 from support.corpus import documents, run_megacache, write_jsonl
-from support.faults import FAST, current_phases, final_files, leftovers, lock_held
+from support.faults import current_phases, final_files, leftovers, lock_held
 from support.oracle import write_lengths
 from support.sweeps import build_args
 
 TRIALS = 5
 #: a job that lost a node to a hang ends within the stale time and this margin
-ENDS_WITHIN = float(FAST["MEGACACHE_STALE_S"]) + 5
+ENDS_WITHIN_MARGIN_S = 5
 #: the one-prefix build's sizes: a few seconds on two nodes of two ranks
 SEQ_LENGTH, SAMPLES = 32, 3_000_000
 
@@ -44,8 +44,7 @@ class Workload:
 
 def build_workload(shared: str, local: str) -> Workload:
     prefix = f"{shared}/big"
-    if not os.path.exists(prefix + ".idx"):
-        write_lengths(prefix, np.random.default_rng(5).integers(1, 120, 1_000_000))
+    write_lengths(prefix, np.random.default_rng(5).integers(1, 120, 1_000_000))
     args = build_args(f"{shared}/cache", [prefix], SEQ_LENGTH, SAMPLES)
     run_megacache(1, *build_args(f"{local}/cache", [prefix], SEQ_LENGTH, SAMPLES))
     return Workload("build", args, f"{shared}/cache", ["startup", "document index", "sample index", "publish"],
@@ -99,7 +98,7 @@ def check_and_rerun(cluster, workload: Workload, what: str) -> subprocess.Comple
     visible = final_files(workload.outputs)
     wrong = [n for n, data in visible.items() if workload.reference.get(n) != data]
     assert not wrong, f"{what}: partial or wrong files visible: {wrong}"
-    rerun = cluster.run(2, *workload.args, env=FAST)
+    rerun = cluster.run(2, *workload.args, env=cluster.fast)
     assert final_files(workload.outputs) == workload.reference, f"{what}: the rerun differs"
     assert not leftovers(workload.outputs), f"{what}: left behind: {leftovers(workload.outputs)}"
     reset(workload)
@@ -119,11 +118,11 @@ def ended(job: subprocess.Popen, since: float, timeout: float = 120, kill: bool 
     return time.monotonic() - since, err
 
 
-def summary(name: str, landed: list[str], seconds: list[float]) -> str:
+def summary(cluster, name: str, landed: list[str], seconds: list[float]) -> str:
     where: dict[str, int] = {}
     for phase in landed:
         where[phase] = where.get(phase, 0) + 1
-    return (f"{name}: {len(landed)} trials, {sum(p != 'finished first' for p in landed)} mid-job; ended in "
+    return (f"{name}, clients caching {cluster.volume.caching}: {len(landed)} trials, {sum(p != 'finished first' for p in landed)} mid-job; ended in "
             f"{min(seconds):.2f}-{max(seconds):.2f} s (median {statistics.median(seconds):.2f}); landed in "
             + ", ".join(f"{k} x{v}" for k, v in sorted(where.items())) + "; all clean, reruns identical")
 
@@ -133,17 +132,18 @@ def run_fault_trials(cluster, workloads, seed: int, fault, check_end, startup: b
     """TRIALS faults landing mid-job (alternating workloads), in any phase or (``startup=False``)
     once the job holds its lock: ``fault(job, rng)`` injects it and returns its time;
     ``check_end(workload, job, stderr, seconds, phases)`` judges how the job ended. A fault that
-    lets the job run on (a hang) gives ``resume``: when the job has not ended within ENDS_WITHIN
-    seconds but had published everything, it is resumed and counts as finished first.
+    lets the job run on (a hang) gives ``resume``: when the job has not ended within the stale time
+    and ENDS_WITHIN_MARGIN_S but had published everything, it is resumed and counts as finished first.
     Where the faults landed, the seconds each job took to end, and (workload, rerun) of each."""
     rng = np.random.default_rng(seed)
+    ends_within = cluster.stale_s + ENDS_WITHIN_MARGIN_S
     landed, seconds, reruns = [], [], []
     trial = 0
     while sum(p != "finished first" for p in landed) < TRIALS and trial < 3 * TRIALS:
         workload = workloads[trial % len(workloads)]
         trial += 1
         phases = workload.phases if startup else [p for p in workload.phases if p != "startup"]
-        job, where = start_and_wait_for(cluster, workload, rng, FAST, phases)
+        job, where = start_and_wait_for(cluster, workload, rng, cluster.fast, phases)
         if where is None or job.poll() is not None:
             _, err = ended(job, time.monotonic())
             assert job.returncode == 0, err
@@ -151,10 +151,10 @@ def run_fault_trials(cluster, workloads, seed: int, fault, check_end, startup: b
         else:
             since = fault(job, rng)
             try:
-                took, err = ended(job, since, timeout=ENDS_WITHIN if resume else 120, kill=resume is None)
+                took, err = ended(job, since, timeout=ends_within if resume else 120, kill=resume is None)
             except subprocess.TimeoutExpired:
                 assert final_files(workload.outputs) == workload.reference, \
-                    f"{workload.name}: the job did not end within {ENDS_WITHIN} s of the fault, and had not finished"
+                    f"{workload.name}: the job did not end within {ends_within} s of the fault, and had not finished"
                 resume()
                 _, err = ended(job, time.monotonic())
                 assert job.returncode == 0, err
@@ -178,7 +178,7 @@ def test_a_node_lost_mid_job(cluster, workloads, report):
         assert job.returncode != 0, err
 
     landed, seconds, _ = run_fault_trials(cluster, workloads, 1, fault, check_end)
-    report(summary("node lost (its 2 ranks killed)", landed, seconds))
+    report(summary(cluster, "node lost (its 2 ranks killed)", landed, seconds))
 
 
 def test_a_node_hung_mid_job(cluster, workloads, report):
@@ -206,7 +206,7 @@ def test_a_node_hung_mid_job(cluster, workloads, report):
     # Before a job holds its lock (MPI's start, planning) no rank records a heartbeat: a node hung
     # then is left to the launcher's and the scheduler's limits (docs/operations.md).
     landed, seconds, _ = run_fault_trials(cluster, workloads, 2, fault, check_end, startup=False, resume=resume)
-    report(summary(f"node hung (ranks and filesystem client stopped; MEGACACHE_STALE_S={FAST['MEGACACHE_STALE_S']})",
+    report(summary(cluster, f"node hung (ranks and filesystem client stopped; MEGACACHE_STALE_S={cluster.stale_s:.0f})",
                    landed, seconds))
 
 
@@ -233,6 +233,6 @@ def test_sigterm_to_every_rank(cluster, workloads, report):
     landed, seconds, reruns = run_fault_trials(cluster, workloads, 3, fault, check_end)
     resumed = [re.search(r"resuming: (\d+) of (\d+) units already done", rerun.stderr)
                for workload, rerun in reruns if workload.name == "tokenize"]
-    report(summary("SIGTERM to every rank (mpiexec exits 15, lock released)", landed, seconds)
+    report(summary(cluster, "SIGTERM to every rank (mpiexec exits 15, lock released)", landed, seconds)
            + "; tokenize reruns resumed " + ", ".join(f"{m.group(1)}/{m.group(2)}" if m else "0" for m in resumed)
            + " units")

@@ -33,6 +33,17 @@ from support.corpus import MEGACACHE, RANKS_REPORTED, free_port, processes
 ROOT = "/run/megacache-cluster"
 #: what MPICH needs to run ranks of one proxy in different pid namespaces, over TCP only
 MPI_ENV = {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "tcp,self"}
+#: how long each FUSE client caches what it looked up, as users mount: GlusterFS's defaults (an
+#: entry's attributes and a name's lookup for 1 s each), and both raised, so that every node sees
+#: the others' changes late on purpose (stale attributes, names removed elsewhere still resolving)
+CACHING_S = {"defaults": 1, "cached": 3}
+
+
+def fault_timing(caching_s: float) -> dict[str, str]:
+    """Short heartbeats and stale times for fault tests, so that a hang ends in seconds. The stale
+    time exceeds twice what a client may cache a heartbeat's mtime, plus a margin: the rule
+    docs/operations.md gives users."""
+    return {"MEGACACHE_HEARTBEAT_S": "0.25", "MEGACACHE_STALE_S": str(3 + 2 * max(caching_s - 1, 0))}
 
 
 def unavailable() -> str | None:
@@ -60,15 +71,24 @@ def _run(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True, timeout=60)
 
 
+def _unless_gone(function, path, exc_info) -> None:
+    """``shutil.rmtree``'s error handler: an entry gone already is what was wanted."""
+    if not isinstance(exc_info[1], FileNotFoundError):
+        raise exc_info[1]
+
+
 def _unmount(path: str) -> None:
     subprocess.run(["umount", "-l", path], capture_output=True)
 
 
 class Volume:
-    """A GlusterFS volume of ``size_mb`` on a tmpfs brick, mounted on the host."""
+    """A GlusterFS volume of ``size_mb`` on a tmpfs brick, mounted on the host and (``Node``) on each
+    node with its clients caching ``CACHING_S[caching]`` seconds."""
 
-    def __init__(self, name: str, size_mb: int):
-        self.name = name
+    def __init__(self, name: str, size_mb: int, caching: str = "defaults"):
+        self.name, self.caching = name, caching
+        seconds = CACHING_S[caching]
+        self.options = "" if caching == "defaults" else f",attribute-timeout={seconds},entry-timeout={seconds}"
         self.brick_root = os.path.join(ROOT, f"brick-{name}")
         self.path = f"/mnt/megacache-{name}"
         self.server = socket.gethostname()
@@ -83,20 +103,24 @@ class Volume:
 
     def mount(self, path: str, client: str) -> None:
         """Mount the volume at ``path`` (in the caller's mount namespace); waits until it answers."""
-        _run("mount", "-t", "glusterfs", "-o", f"log-file={ROOT}/client-{self.name}-{client}.log",
+        _run("mount", "-t", "glusterfs", "-o", f"log-file={ROOT}/client-{self.name}-{client}.log{self.options}",
              f"{self.server}:/{self.name}", path)
 
     def mount_command(self, client: str) -> str:
-        return (f"mount -t glusterfs -o log-file={ROOT}/client-{self.name}-{client}.log "
+        return (f"mount -t glusterfs -o log-file={ROOT}/client-{self.name}-{client}.log{self.options} "
                 f"{self.server}:/{self.name} {self.path}")
 
     def clear(self) -> None:
-        """Everything on the volume removed (through the host's client)."""
+        """Everything on the volume removed (through the host's client; what a node removed
+        meanwhile, which this client may still list, is skipped)."""
         for entry in os.scandir(self.path):
             if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path)
+                shutil.rmtree(entry.path, onerror=_unless_gone)
             else:
-                os.unlink(entry.path)
+                try:
+                    os.unlink(entry.path)
+                except FileNotFoundError:
+                    pass
 
     def _remove(self, quiet: bool = False) -> None:
         _unmount(self.path)
@@ -215,6 +239,9 @@ class Cluster:
 
     def __init__(self, volume: Volume, nodes: list[Node]):
         self.volume, self.nodes = volume, nodes
+        #: the fault tests' heartbeat and stale time for this volume's caching
+        self.fast = fault_timing(CACHING_S[volume.caching])
+        self.stale_s = float(self.fast["MEGACACHE_STALE_S"])
 
     def mpiexec(self, ranks_per_node: int, *args: str, nodes: list[Node] | None = None,
                 program=MEGACACHE) -> list[str]:

@@ -7,43 +7,58 @@ import os
 import subprocess
 import time
 
-from megacache.runtime.fsio import STATE_DIR, TMP_MARK
+from megacache.runtime.fsio import STATE_DIR, TMP_MARK, gone
+
+
+def names(directory: str) -> list[str]:
+    """``directory``'s entries, read once: a directory that another node removed meanwhile has none.
+    Never ``isdir`` and then ``listdir``: a client's cached entry can say yes to the first after the
+    directory is gone from the server, and the second then fails."""
+    try:
+        return os.listdir(directory)
+    except OSError as exc:
+        if gone(exc):
+            return []
+        raise
 
 
 def final_files(directory: str) -> dict[str, bytes]:
     """What a reader can load: the files under their final names (temporaries and megacache's
     state directory are never read by megatron-core or megacache's reader)."""
-    return {e.name: open(e.path, "rb").read() for e in os.scandir(directory)
-            if e.is_file() and TMP_MARK not in e.name and not e.name.startswith(".")}
-
-
-#: short heartbeats and stale times for fault tests, so that a hang ends in seconds
-FAST = {"MEGACACHE_HEARTBEAT_S": "0.25", "MEGACACHE_STALE_S": "3"}
+    found = {}
+    for name in names(directory):
+        if TMP_MARK in name or name.startswith("."):
+            continue
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                found[name] = f.read()
+        except IsADirectoryError:
+            continue  # nothing a reader loads
+        except OSError as exc:
+            if not gone(exc):
+                raise
+    return found
 
 
 def current_phases(directory: str) -> set[str]:
     """The phases the ranks' records in ``directory`` show now (records are JSON, rewritten by rename)."""
     phases = set()
     state = os.path.join(directory, STATE_DIR)
-    try:
-        jobs = [os.path.join(state, n) for n in os.listdir(state) if ".job-" in n]
-        for job in jobs:
-            for rank in os.listdir(job):
-                if rank.startswith("rank-"):
-                    with open(os.path.join(job, rank)) as f:
-                        phases.add(json.load(f)["phase"])
-    except (OSError, ValueError):
-        pass
+    for job in (os.path.join(state, n) for n in names(state) if ".job-" in n):
+        for rank in (n for n in names(job) if n.startswith("rank-")):
+            try:
+                with open(os.path.join(job, rank)) as f:
+                    phases.add(json.load(f)["phase"])
+            except (OSError, ValueError, KeyError):
+                continue  # replaced or removed since the listing, or half-written: read at the next look
     return phases
 
 
 def leftovers(directory: str) -> list[str]:
     """What a finished job must not leave in ``directory``: temporaries, work directories, locks,
     rank records (megacache's manifest stays)."""
-    found = [e.name for e in os.scandir(directory) if TMP_MARK in e.name or ".megacache-work" in e.name]
-    state = os.path.join(directory, STATE_DIR)
-    found += [n for n in (os.listdir(state) if os.path.isdir(state) else []) if n != "manifest.json"]
-    return found
+    found = [n for n in names(directory) if TMP_MARK in n or ".megacache-work" in n]
+    return found + [n for n in names(os.path.join(directory, STATE_DIR)) if n != "manifest.json"]
 
 
 def wait_for_phase(directory: str, phase: str, job: subprocess.Popen, timeout: float = 60) -> None:
@@ -57,5 +72,4 @@ def wait_for_phase(directory: str, phase: str, job: subprocess.Popen, timeout: f
 
 def lock_held(directory: str) -> bool:
     """Whether a lock file is in ``directory``'s state directory."""
-    state = os.path.join(directory, STATE_DIR)
-    return any(n.endswith(".lock") for n in (os.listdir(state) if os.path.isdir(state) else []))
+    return any(n.endswith(".lock") for n in names(os.path.join(directory, STATE_DIR)))
