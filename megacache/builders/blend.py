@@ -20,7 +20,7 @@ from ..algorithms.blend_sizes import find_oversampling, normalize, unweighted_bl
 from ..runtime.comm import Comm
 from ..errors import MegacacheError
 from ..formats.npy import NpyWriter
-from ..runtime.fsio import Staging, sync_filesystems
+from ..runtime.fsio import Staging, make_directories, sync_filesystems
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
 from .config import BuildConfig
 from .gpt import GPTTask, array_records
@@ -136,7 +136,7 @@ class Blending:
         of the long ones) on a background thread: the kernels release the GIL, so the blend runs
         while this rank builds GPT datasets, which mostly wait on the filesystem."""
         def preallocate() -> None:
-            os.makedirs(self.cfg.cache_dir, exist_ok=True)
+            make_directories(self.cfg.cache_dir)
             for b in self.todo:
                 for what, dtype in BLEND_ARRAYS.items():
                     NpyWriter.create(self.staging.path(b.entry.path(what)), dtype, (b.size,))

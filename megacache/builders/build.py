@@ -35,7 +35,7 @@ from ..runtime.comm import Comm, get_comm
 from ..runtime.coordination import ALL, guarded, tidy
 from ..errors import MegacacheError
 from ..formats.npy import read_npy_header
-from ..runtime.fsio import write_atomic
+from ..runtime.fsio import make_directories, write_atomic
 from ..megatron.blends import Blend
 from ..megatron.cache import SPLIT_NAMES, existing, present_files
 from ..megatron.sequences import default_path, sequences_json
@@ -375,11 +375,11 @@ def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: Pha
     blending = Blending([b for b in blends if not b.reused], cfg, comm, guard.job)
     gpt = GPTBuild(tasks, datasets, cfg.settings, comm, guard.job)
     try:
-        def make_directories() -> None:
+        def make_cache_directories() -> None:
             for d in sorted({j.entry.directory for j in gpt.todo}):
-                os.makedirs(d, exist_ok=True)
+                make_directories(d)
 
-        comm.on_root(make_directories, "creating the cache directories")
+        comm.on_root(make_cache_directories, "creating the cache directories")
         if blending.todo:
             guard.enter("blend (start)")
         blending.start()

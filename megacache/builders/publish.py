@@ -7,7 +7,7 @@ import json
 import os
 
 from ..errors import FormatError
-from ..runtime.fsio import STATE_DIR, Staging, read_json, write_atomic
+from ..runtime.fsio import STATE_DIR, Staging, make_directories, read_json, write_atomic
 
 
 def write_description(entry, staging: Staging) -> None:
@@ -55,7 +55,7 @@ def updated_manifest(directory: str, records: dict[str, dict]) -> bytes:
 
 def write_manifest(directory: str, data: bytes) -> None:
     # The state directory is removed only when empty, and the caller's lock file is in it.
-    os.makedirs(os.path.dirname(manifest_path(directory)), exist_ok=True)
+    make_directories(os.path.dirname(manifest_path(directory)))
     write_atomic(manifest_path(directory), data)
 
 

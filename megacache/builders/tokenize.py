@@ -31,7 +31,8 @@ from ..errors import MegacacheError
 from ..runtime.log import LOG
 from ..formats.indexed import optimal_dtype
 from ..formats.pbin import SUFFIX as PBIN_SUFFIX, TOKEN_DTYPES, token_size
-from ..runtime.fsio import gone, publish, read_json, remove_quietly, remove_tree, tmp_path, write_json_atomic, writing
+from ..runtime.fsio import (gone, make_directories, publish, read_json, remove_quietly, remove_tree, tmp_path,
+                            write_json_atomic, writing)
 from ..text.inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
 from ..runtime.coordination import Guard
 from ..runtime.progress import Progress
@@ -165,7 +166,7 @@ def _prepare_work_dir(work_dir: str, fingerprint: str) -> list[int]:
     except OSError as exc:
         if not gone(exc):
             raise
-    os.makedirs(work_dir)
+    make_directories(work_dir)
     write_json_atomic(record, {"fingerprint": fingerprint})
     return []
 

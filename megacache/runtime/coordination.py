@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..errors import JobFailed, MegacacheError
-from .fsio import STATE_DIR, TMP_MARK, gone, remove_quietly, write_json_atomic
+from .fsio import STATE_DIR, TMP_MARK, gone, make_directories, remove_quietly, write_json_atomic
 from . import preemption
 from .environment import heartbeat_s, stale_s
 from .log import LOG
@@ -142,7 +142,7 @@ class Lock:
     def acquire(self, say=print, wait: bool = True) -> bool:
         """Wait for the lock (or, ``wait=False``, give up at once if a live job holds it), breaking
         it if its holder is dead; then heartbeat it."""
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        make_directories(os.path.dirname(self.path))
         waited_since = time.monotonic()
         last_said = None
         delay = 0.05
@@ -150,7 +150,13 @@ class Lock:
             try:
                 fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             except FileExistsError:
-                holder, age = _read_record(self.path)
+                try:
+                    holder, age = _read_record(self.path)
+                except OSError as exc:  # replaced by another node since this client looked it up
+                    if exc.errno != errno.ESTALE:
+                        raise
+                    holder, age = None, None
+                    time.sleep(delay)
                 if holder is None:
                     continue  # released just now
                 if death(holder, age):
@@ -172,10 +178,10 @@ class Lock:
             except OSError as exc:
                 if not gone(exc):
                     raise
-                # The last job removed the empty state directory after makedirs saw it (on
-                # another node, or as this client's cached entry): made again. A client that
+                # The last job removed the empty state directory after it was made or seen (on
+                # another node, or through this client's cached entry): made again. A client that
                 # still shows it for its entry timeout is asked again after a pause.
-                os.makedirs(os.path.dirname(self.path), exist_ok=True)
+                make_directories(os.path.dirname(self.path))
                 time.sleep(delay)
                 delay = min(2 * delay, 1.0)
                 continue
@@ -244,7 +250,7 @@ class Monitor:
         self._failing_since: float | None = None
         self._peer_seen = False
         # Removed only when empty: rank 0's lock file is in it before any rank gets here.
-        os.makedirs(self.dir, exist_ok=True)
+        make_directories(self.dir)
         self._write()
         self._beat = _Beat(self._tick, "megacache-monitor")
 

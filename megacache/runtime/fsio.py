@@ -16,12 +16,14 @@ import os
 import resource
 import shutil
 import threading
+import time
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
 from ..errors import MegacacheError
+from .environment import stale_s
 
 TMP_MARK = ".megacache-tmp"
 #: what a path that is not there (any more) answers: ENOENT, or ESTALE where a network filesystem's
@@ -483,6 +485,42 @@ def gone(exc: OSError) -> bool:
     between the test and the act, and a client's cached entry can still show what the server no
     longer has."""
     return exc.errno in GONE
+
+
+def make_directories(path: str) -> None:
+    """``path`` and its missing parents made, as ``os.makedirs(path, exist_ok=True)``, for paths that
+    another node may make or remove meanwhile: an EEXIST is taken as the directory being there,
+    with no stat after it (a client's cached entry can answer EEXIST for a directory that its next
+    stat says is gone, or the reverse). ESTALE, which a client answers for a while after another
+    node replaced a directory on the path, is asked again for up to the stale time. What is not a
+    directory fails the next step inside it."""
+    deadline = time.monotonic() + stale_s()
+    delay = 0.05
+    while True:
+        try:
+            _make_directories(path)
+            return
+        except OSError as exc:
+            if exc.errno != errno.ESTALE or time.monotonic() > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(2 * delay, 1.0)
+
+
+def _make_directories(path: str) -> None:
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(path))
+        if parent == os.path.abspath(path):
+            raise
+        _make_directories(parent)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            pass
 
 
 def remove_quietly(path: str) -> None:

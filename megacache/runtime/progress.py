@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TextIO
 
-from .fsio import write_atomic
+from .fsio import make_directories, write_atomic
 
 _WRITE_EVERY_S = 1.0
 
@@ -51,7 +51,7 @@ class Progress:
         self._start = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        os.makedirs(directory, exist_ok=True)
+        make_directories(directory)
 
     def _path(self, rank: int) -> str:
         return os.path.join(self.directory, f"progress.rank{rank}.json")

@@ -17,6 +17,8 @@ from support.oracle import write_lengths
 from support.sweeps import build_args
 
 def dataset(shared: str, name: str, documents: int) -> str:
+    """A new dataset under a name of its test's own: a name that an earlier test's dataset had can
+    still resolve to that one on a node whose client cached it (the ``cached`` run)."""
     prefix = f"{shared}/{name}"
     write_lengths(prefix, np.random.default_rng(7).integers(1, 120, documents))
     return prefix
@@ -28,10 +30,11 @@ def reference(tmp_path, args_for) -> dict[str, bytes]:
     return final_files(str(tmp_path / "reference"))
 
 
-def interrupted_build(cluster, tmp_path, nodes=None):
-    """A build of a million documents started on ``nodes`` (default: both) and now in its sample
-    index phase: the job, its arguments for a cache directory, and the reference cache."""
-    prefix = dataset(cluster.volume.path, "data", 1_000_000)
+def interrupted_build(cluster, tmp_path, name: str, nodes=None):
+    """A build of a million documents (a dataset ``name``) started on ``nodes`` (default: both) and
+    now in its sample index phase: the job, its arguments for a cache directory, and the reference
+    cache."""
+    prefix = dataset(cluster.volume.path, name, 1_000_000)
     args_for = lambda cache: build_args(cache, [prefix], 32, 3_000_000)  # noqa: E731
     expected = reference(tmp_path, args_for)
     job = cluster.start(2, *args_for(f"{cluster.volume.path}/cache"), nodes=nodes, env=cluster.fast)
@@ -41,7 +44,7 @@ def interrupted_build(cluster, tmp_path, nodes=None):
 
 def test_two_jobs_on_two_nodes_build_one_cache(cluster, tmp_path):
     shared = cluster.volume.path
-    prefix = dataset(shared, "data", 400_000)
+    prefix = dataset(shared, "two-jobs", 400_000)
     args_for = lambda cache: build_args(cache, [prefix], 32, 1_000_000)  # noqa: E731
     expected = reference(tmp_path, args_for)
     jobs = [cluster.start(2, *args_for(f"{shared}/cache"), nodes=[node]) for node in cluster.nodes]
@@ -56,7 +59,7 @@ def test_two_jobs_on_two_nodes_build_one_cache(cluster, tmp_path):
 def test_a_lock_whose_holder_node_is_gone_is_broken_from_another_node(cluster, tmp_path):
     shared = cluster.volume.path
     first, second = cluster.nodes
-    job, args_for, expected = interrupted_build(cluster, tmp_path, nodes=[first])
+    job, args_for, expected = interrupted_build(cluster, tmp_path, "lock", nodes=[first])
     first.kill()
     job.communicate(timeout=60)
     lost = time.monotonic()
@@ -75,7 +78,7 @@ def test_a_lock_whose_holder_node_is_gone_is_broken_from_another_node(cluster, t
 def test_a_node_filesystem_client_dying_is_a_clear_error(cluster, tmp_path):
     shared = cluster.volume.path
     node = cluster.nodes[1]
-    job, args_for, expected = interrupted_build(cluster, tmp_path)
+    job, args_for, expected = interrupted_build(cluster, tmp_path, "client")
     os.kill(node.client(), signal.SIGKILL)
     try:
         out, err = job.communicate(timeout=60)
@@ -92,7 +95,7 @@ def test_a_node_filesystem_client_dying_is_a_clear_error(cluster, tmp_path):
 
 def test_a_full_volume_is_a_clear_error_and_the_rerun_after_freeing_space_succeeds(cluster, small_volume, tmp_path):
     shared, small = cluster.volume.path, small_volume.path
-    prefix = dataset(shared, "data", 200_000)
+    prefix = dataset(shared, "full", 200_000)
     args_for = lambda cache: build_args(cache, [prefix], 32, 600_000)  # noqa: E731
     expected = reference(tmp_path, args_for)
     needed = sum(len(data) for data in expected.values())

@@ -14,7 +14,7 @@ import pytest
 from megacache.builders.build import _is_other_than_directory
 from megacache.builders.tokenize import _prepare_work_dir
 from megacache.runtime.coordination import Lock, post_mortem, state_dir
-from megacache.runtime.fsio import gone, remove_quietly
+from megacache.runtime.fsio import gone, make_directories, remove_quietly
 
 
 def between(monkeypatch, module_function: str, path: str, change) -> list[str]:
@@ -41,13 +41,74 @@ def test_gone_is_enoent_and_estale_only():
     assert not gone(PermissionError(errno.EACCES, "x"))
 
 
-def test_a_lock_is_taken_when_the_state_directory_is_removed_right_after_makedirs_saw_it(tmp_path, monkeypatch):
-    # the last job's _remove_state_dir_if_empty, on another node, between makedirs and the create
+def test_a_lock_is_taken_when_the_state_directory_is_removed_right_after_it_was_made(tmp_path, monkeypatch):
+    # the last job's _remove_state_dir_if_empty, on another node, between mkdir and the create
     lock = Lock(str(tmp_path), "cache", "job", "test")
-    seen = between(monkeypatch, "makedirs", state_dir(str(tmp_path)), lambda: os.rmdir(state_dir(str(tmp_path))))
+    seen = between(monkeypatch, "mkdir", state_dir(str(tmp_path)), lambda: os.rmdir(state_dir(str(tmp_path))))
     assert lock.acquire(wait=False)
     assert seen and json.load(open(lock.path))["token"] == lock.record["token"]
     lock.release()
+
+
+def test_a_lock_is_taken_when_a_cached_entry_answers_eexist_for_a_removed_state_directory(tmp_path, monkeypatch):
+    # This node's client still holds the entry of the state directory another node removed: mkdir
+    # answers EEXIST, a stat would answer ENOENT, and the create inside it ENOENT.
+    lock = Lock(str(tmp_path), "cache", "job", "test")
+    state = state_dir(str(tmp_path))
+    real = os.mkdir
+    cached = []
+
+    def mkdir(path, *args, **kwargs):
+        if path == state and not cached:
+            cached.append(path)
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    assert lock.acquire(wait=False)
+    assert cached and json.load(open(lock.path))["token"] == lock.record["token"]
+    lock.release()
+
+
+def test_directories_are_made_with_their_parents_and_eexist_is_taken_as_there(tmp_path, monkeypatch):
+    make_directories(str(tmp_path / "a" / "b" / "c"))
+    assert os.path.isdir(tmp_path / "a" / "b" / "c")
+    make_directories(str(tmp_path / "a" / "b"))      # there already
+    real = os.mkdir
+
+    def mkdir(path, *args, **kwargs):   # made by another node; this client's stat says it is not
+        if path.endswith("other"):
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os.path, "isdir", lambda path: False)
+    make_directories(str(tmp_path / "other"))
+    with pytest.raises(PermissionError):
+        monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(PermissionError(errno.EACCES, "no", p)))
+        make_directories(str(tmp_path / "refused"))
+
+
+def test_a_directory_under_one_another_node_replaced_is_made_once_the_client_sees_it(tmp_path, monkeypatch):
+    # ESTALE from a client that still resolves the replaced parent, for a few tries; then made
+    target = str(tmp_path / "state" / "job")
+    real = os.mkdir
+    tries = []
+
+    def mkdir(path, *args, **kwargs):
+        if path == target and len(tries) < 3:
+            tries.append(path)
+            raise OSError(errno.ESTALE, "Stale file handle", path)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    make_directories(target)
+    assert len(tries) == 3 and os.path.isdir(target)
+    monkeypatch.setenv("MEGACACHE_STALE_S", "0.2")    # one that stays stale past the stale time
+    tries.clear()
+    monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(OSError(errno.ESTALE, "Stale file handle", p)))
+    with pytest.raises(OSError, match="Stale file handle"):
+        make_directories(str(tmp_path / "never"))
 
 
 def test_a_lock_is_taken_when_its_create_answers_estale_once(tmp_path, monkeypatch):
