@@ -72,7 +72,7 @@ tier() {  # tier NAME COMMAND...: run one tier, keep pytest's last line for the 
 tier "serial tests" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --durations=25 \
   --ignore=tests/cluster tests "$@"
 # The slow tier, as users run the kernels: the 3,000-configuration index sweep and the blends of up
-# to 10^7 samples, through the compiled library, test by test over both workers (about 1.5 min).
+# to 10^7 samples, through the compiled library, test by test over both workers.
 # The same tests through numba's JIT, which the fast tier already compares on smaller sweeps, and a
 # timing test that a busy machine fails by chance, run on request: pytest -m slow.
 tier "slow tests, compiled kernels" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist load -m slow -k native \
@@ -85,7 +85,7 @@ done
 unset MEGACACHE_TEST_RANKS
 # The cluster tier: a GlusterFS volume and two emulated nodes (Linux namespaces), 2 MPI ranks on
 # each; every command against one local process, then node loss, hangs, SIGTERM, shared locks, a
-# dead filesystem client, a full volume, and a two-node torchrun job (about 3 min).
+# dead filesystem client, a full volume, and a two-node torchrun job.
 tier "cluster tests (GlusterFS, 2 emulated nodes)" python -m pytest -q -rs -p no:cacheprovider --durations=10 \
   tests/cluster "$@"
 if ! wait "$venvs"; then

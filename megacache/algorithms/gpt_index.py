@@ -424,9 +424,10 @@ def sample_index_rows(
 def _rows_from_lengths(sizes, document_index, first, start, first_position, first_k, L, x, rows):
     # Row k >= 1 is at the first position whose running token count reaches its target k·L + x.
     # A comparison per position would mispredict at every row; instead, per block of positions:
-    # their lengths (gathered with prefetches ahead, which about halves the time per position from
-    # an array larger than the caches), running counts, the last row each reaches (vectorised),
-    # the positions that reach a new one (compacted without branches), and only their rows.
+    # their lengths (gathered with prefetches ahead, so that reads from an array larger than the
+    # caches overlap instead of each waiting on memory), running counts, the last row each reaches
+    # (vectorised), the positions that reach a new one (compacted without branches), and only their
+    # rows.
     # The last rows are computed in float64, where every count (< 2^53) and product here is exact:
     # AVX2 has neither int64 multiplication nor int64 <-> float64 conversion in vectors, so the
     # integer form runs one position at a time. Returns the rows found inside the window.

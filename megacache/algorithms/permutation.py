@@ -36,13 +36,13 @@ _MATRIX_A = 0x9908B0DF
 _UPPER = 0x80000000
 _LOWER = 0x7FFFFFFF
 _U32 = 0xFFFFFFFF
-# Arrays spanning at most this many bytes draw and swap in one pass (about two thirds of the time
-# per element of drawing in blocks up to 4 MB; beyond the TLB's reach the unprefetched swaps cost
-# twice the blocks' time).
+# Arrays spanning at most this many bytes draw and swap in one pass (faster per element than
+# drawing in blocks while the array is within the TLB's reach; beyond it the unprefetched swaps
+# cost more than the blocks).
 _FUSED_BYTES = 1 << 22
 # Draw this many j's before swapping: big enough to keep many misses in flight, small enough for L1.
 _BLOCK = 1024
-# Prefetch the element this many swaps ahead (measured: 16 and 32 left misses unoverlapped).
+# Prefetch the element this many swaps ahead: with fewer, a swap still waits on its element's miss.
 _AHEAD = 64
 # Arrays of at least this many elements draw on a second thread, this many j's a block.
 _PIPELINE_BLOCK = 1 << 20
@@ -187,7 +187,7 @@ def _twisted(key, k, k1, km):
 @kernel()
 def _twist(key):
     # Regenerate all 624 words in place (numpy's mt19937_gen). Three loops instead of one with
-    # "% 624" indices: the modulo made this 10x slower.
+    # "% 624" indices: the modulo made this many times slower.
     for k in range(_N - _M):
         key[k] = _twisted(key, k, k + 1, k + _M)
     for k in range(_N - _M, _N - 1):

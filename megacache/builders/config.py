@@ -14,8 +14,8 @@ from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT
 from .gpt import GPTSettings
 
 #: samples blended in memory per block (BuildConfig.blend_block): 2.5 MB of buffers. Larger blocks
-#: gain nothing (a block's fixed cost is about 0.1 ms against 15 ms of blending) and their fresh
-#: pages cost: at 4M samples a rank's buffers were 40 MB of peak RSS, faulted in by the kernel.
+#: gain nothing (a block's fixed cost is already small beside its blending) and their fresh pages
+#: cost: every page of a rank's buffers is faulted in by the kernel and counts in its peak RSS.
 BLEND_BLOCK = 1 << 18
 
 

@@ -204,8 +204,8 @@ def open_all(fn, items) -> list:
     """``[fn(x) for x in items]`` for a ``fn`` that opens a dataset and reads a few entries: on
     IO_THREADS threads where the filesystem makes each call wait (a shared filesystem's latency,
     a cold disk), else on this thread. The first PROBE_OPENS calls tell which. Where the files are
-    local or cached a call is 0.1 ms of Python, and threads only hand the GIL around, costing
-    about three times the CPU of one thread."""
+    local or cached a call is a short run of Python, and threads only hand the GIL around, costing
+    several times the CPU of one thread."""
     items = list(items)
     t = time.perf_counter()
     done = [fn(x) for x in items[:PROBE_OPENS]]

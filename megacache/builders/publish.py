@@ -61,7 +61,7 @@ def write_manifest(directory: str, data: bytes) -> None:
 
 def manifest_bytes(entries: dict[str, dict]) -> bytes:
     """The manifest as JSON, one entry per line in stem order: readable and diffable, and each line
-    encoded by ``json``'s C encoder (an indented dump goes through its Python one: 3x slower, on
-    rank 0 while the others wait, at thousands of entries)."""
+    encoded by ``json``'s C encoder (an indented dump goes through its Python one: several times
+    slower, on rank 0 while the others wait, at thousands of entries)."""
     lines = ",\n".join(f"{json.dumps(stem)}: {json.dumps(entries[stem], sort_keys=True)}" for stem in sorted(entries))
     return f'{{"format": 1, "entries": {{\n{lines}\n}}}}\n'.encode()

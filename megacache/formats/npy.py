@@ -23,7 +23,7 @@ from ..runtime.fsio import DIRECT_MIN, open_direct, pwrite_all, pwrite_mostly_di
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """The exact header ``numpy.save`` writes for a C-ordered array of this dtype and shape.
 
-    numpy's writer costs about 9 us a header, and a blend writes thousands of arrays per rank. The
+    numpy's writer builds every header in Python, and a blend writes thousands of arrays per rank. The
     header of a shape whose first dimension has as many digits differs only in those digits (the
     padding depends on the header's length), so numpy's header for one such shape serves as a
     template for all of them."""

@@ -184,13 +184,13 @@ def _tokenizer_ids(args: argparse.Namespace, comm: Comm) -> tuple[str, dict]:
 
 def import_numba_for_kernels() -> None:
     """Import numba for megacache's kernels without two things they never use, which every rank
-    would pay for: the BLAS probe of numba's numpy support, which imports ``scipy.linalg`` (0.3-0.6 s
-    per process here, far more from a shared filesystem) only to enable ``np.dot`` and friends in
-    jitted code; and third-party numba extensions (``numba_extensions`` entry points), which numba
-    imports before the first kernel loads: awkward, a dependency of gigatoken, registers one, and
-    importing it took 0.2 s per process here. For megacache's own processes (this CLI), never the
-    library in someone else's: scipy still imports normally afterwards, and numba's linear algebra
-    checks for it again when a function needs it."""
+    would pay for: the BLAS probe of numba's numpy support, which imports ``scipy.linalg`` (a heavy
+    import, heavier from a shared filesystem) only to enable ``np.dot`` and friends in jitted code;
+    and third-party numba extensions (``numba_extensions`` entry points), which numba imports before
+    the first kernel loads: awkward, a dependency of gigatoken, registers one, and its import delays
+    every rank's first kernel. For megacache's own processes (this CLI), never the library in
+    someone else's: scipy still imports normally afterwards, and numba's linear algebra checks for
+    it again when a function needs it."""
     if "numba.np.arraymath" in sys.modules or "scipy.linalg" in sys.modules:
         return
     sys.modules["scipy.linalg"] = None  # `import scipy.linalg...` fails at once instead of loading
@@ -204,8 +204,8 @@ def import_numba_for_kernels() -> None:
 
 
 def hide_torch_from_transformers() -> None:
-    """transformers imports torch whenever it is installed (1-1.5 s per process here, far more from a
-    shared filesystem, on every rank), though a tokenizer never uses it. For a tokenize process of
+    """transformers imports torch whenever it is installed (a heavy import, heavier from a shared
+    filesystem, on every rank), though a tokenizer never uses it. For a tokenize process of
     megacache's own (the command line, never the library in someone else's process) torch is
     hidden before transformers loads, and transformers' notice that it found none is silenced."""
     if "torch" in sys.modules or "transformers" in sys.modules:
@@ -217,8 +217,8 @@ def hide_torch_from_transformers() -> None:
 def _cmd_build(args: argparse.Namespace, comm: Comm) -> None:
     # A build makes tens of thousands of short-lived objects and no garbage cycles worth collecting,
     # and its imports (numba's above all) a large object graph that lives as long as the process:
-    # collecting while they load cost 60 ms of each rank's start here, and full collections during
-    # the build would walk that graph over and over.
+    # collecting while they load walks the growing graph again and again in each rank's start, and
+    # full collections during the build would walk it over and over.
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -817,8 +817,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """The ``megacache`` process: ``main``, then exit with every object frozen out of the garbage
-    collector. The interpreter's teardown otherwise collects over numba's and numpy's objects:
-    0.1 s of every rank's time here, after the work is done."""
+    collector. The interpreter's teardown otherwise collects over numba's and numpy's objects, on
+    every rank, after the work is done."""
     status = main()
     gc.freeze()
     sys.exit(status)

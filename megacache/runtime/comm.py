@@ -166,8 +166,8 @@ class MPIComm(Comm):
     def wait_quietly(self) -> None:
         # MPICH polls at full speed inside blocking calls: a rank that finished early would take a
         # core from the ranks still working. A non-blocking barrier polled with a short sleep does not.
-        # The sleep stays short: the last one runs on past the others' arrival, and a build meets
-        # at dozens of these (with a 10 ms cap, waits in a build's plan came in 10 ms steps).
+        # The sleep stays short: the last one runs on past the others' arrival, by up to the cap,
+        # and a build meets at dozens of these.
         request = self._comm.Ibarrier()
         delay = 5e-5
         while not request.Test():

@@ -126,8 +126,8 @@ def _spans(views: list[memoryview], a: int, b: int):
 def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: int) -> None:
     """Write ``pieces`` (bytes or C-contiguous arrays) end to end from ``offset``, the whole aligned
     blocks inside the range through ``direct_fd`` (O_DIRECT, staged in an aligned buffer). A
-    buffered write costs a kernel copy into freshly allocated page-cache pages, 0.7-2.9 ns per byte
-    here against 0.2 direct: the largest CPU cost of writing a cache. The partial blocks at either
+    buffered write costs a kernel copy into freshly allocated page-cache pages, several times a
+    direct write's cost: the largest CPU cost of writing a cache. The partial blocks at either
     end stay buffered, so writers of adjacent ranges (other ranks) never overlap a direct write.
     Durability is still the caller's fsync."""
     views = [_bytes(p) for p in pieces]
@@ -356,7 +356,7 @@ class Staging:
     spare, else under its temporary name; ``path`` gives the temporary name of a file that
     others write into or memory-map. An unnamed file saves the temporary name's directory entry,
     created and then removed again by the rename: of a build's thousands of small files, that is
-    about a third of their cost on ext4."""
+    a large share of their cost on ext4."""
 
     def __init__(self, tag: str, unnamed_limit: int | None = None):
         self.tag = tag
@@ -452,8 +452,8 @@ class Staging:
 def write_atomic(path: str, data: bytes, durable: bool = True) -> None:
     """``data`` at ``path``: a reader sees the old content or the new, never part of either.
     ``durable``: on disk before this returns (``publish``). A record that only describes a live
-    process (its phase, its progress) needs the rename alone: each fsync may flush the disk's
-    cache, tens of milliseconds on a virtual disk, and a crash makes such a record moot anyway."""
+    process (its phase, its progress) needs the rename alone: each fsync waits behind the build's
+    own writeback, and a crash makes such a record moot anyway."""
     tmp = tmp_path(path, str(os.getpid()))
     write_new_file(tmp, [data])
     if durable:

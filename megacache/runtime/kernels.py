@@ -1,10 +1,9 @@
 """How megacache's kernels run. Each is written once, in numba's Python subset, and runs either
 
 * from a native library compiled ahead of time for this machine's CPU (``megacache kernels``, or
-  ``compile_library``): importing it takes under a millisecond and needs no numba; or
+  ``compile_library``): importing it is one library load and needs no numba; or
 * where there is none, or for argument types it was not compiled for, through numba's JIT, whose
-  import and first kernel load cost every rank about a third of a second of CPU, most of a small
-  build's start (docs/benchmarks.md).
+  import and first kernel load are most of a small build's start on every rank (docs/benchmarks.md).
 
 Both are the same numba code lowered by the same LLVM without fast-math; the test suite runs every
 kernel both ways and compares the arrays bit for bit. A call runs natively only when the types of

@@ -30,10 +30,10 @@ from .tokenization import BackendTokenizer, SentencePieceModel, TiktokenVocabula
 
 BACKENDS = ("auto", "gigatoken", "hf")
 
-#: Fraction of documents the reference encodes again. The reference is 4.7x (natural English) to 22x
-#: (the benchmark's generated text, which gigatoken's pre-token cache serves well) slower per token
-#: than gigatoken; this costs 0.3% to 3% of the throughput (measured), and still checks about forty
-#: documents of every 64 MB work unit.
+#: Fraction of documents the reference encodes again. The reference is several times slower per
+#: token than gigatoken (the more so on text whose words gigatoken's pre-token cache serves well,
+#: such as the benchmark's generated text); at this fraction the check costs a few percent of the
+#: throughput at most, and still checks about forty documents of every 64 MB work unit.
 DEFAULT_VERIFY_FRACTION = 0.0005
 
 #: What the self-test encodes with both backends, besides the tokenizer's own added tokens.

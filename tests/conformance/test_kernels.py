@@ -80,7 +80,7 @@ def test_kernels_release_the_gil(kernel_mode):
         spins += running[-1:] == [True]
     thread.join()
     assert out[-1] == len(out) - 1
-    # holding it, the main thread runs only until the kernel starts: about 25,000 times here
+    # holding it, the main thread would run only until the kernel starts, far fewer times than this
     assert spins > 200_000, f"the main thread ran {spins} times while the kernel ran"
 
 

@@ -8,9 +8,9 @@ Writes tests/data/merge-shards.json.
 
 Runs in megacache's test environment, with its megatron-core (0.16.1). ``add_index`` calls
 ``gc.collect()`` after every input, which frees memory and changes no byte; with torch imported
-(megatron-core imports it) a collection takes about 0.3 s here, so 10,000 shards would take an hour:
-the recording makes it a no-op. tests/conformance/test_merge.py runs the chain itself, collections
-and all, on a few datasets.
+(megatron-core imports it) a collection walks hundreds of thousands of objects, once for each of
+10,000 shards (docs/benchmarks.md, "Merging per-task shards"): the recording makes it a no-op.
+tests/conformance/test_merge.py runs the chain itself, collections and all, on a few datasets.
 """
 
 from __future__ import annotations
