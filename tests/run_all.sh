@@ -85,7 +85,8 @@ done
 unset MEGACACHE_TEST_RANKS
 # The cluster tier: a GlusterFS volume and two emulated nodes (Linux namespaces), 2 MPI ranks on
 # each; every command against one local process, then node loss, hangs, SIGTERM, shared locks, a
-# dead filesystem client, a full volume, and a two-node torchrun job.
+# dead filesystem client, a full volume, and a two-node torchrun job; the whole tier with GlusterFS's
+# default client caching, then with it raised (tests/support/cluster.py).
 tier "cluster tests (GlusterFS, 2 emulated nodes)" python -m pytest -q -rs -p no:cacheprovider --durations=10 \
   tests/cluster "$@"
 if ! wait "$venvs"; then
