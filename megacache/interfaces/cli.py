@@ -565,7 +565,7 @@ def build_parser() -> argparse.ArgumentParser:
                                         subsequent_indent=" " * (width + 2)) for name, text in VARIABLES.items())
     parser = argparse.ArgumentParser(prog="megacache", description=f"{__doc__.strip()}\n\nEnvironment:\n{described}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"megacache {_version()}")
+    parser.add_argument("-V", "--version", action="version", version=f"megacache {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("tokenize", help="tokenize text into Megatron .bin/.idx datasets")

@@ -71,8 +71,10 @@ def test_build_runs_without_the_collector_and_leaves_it_as_found(tmp_path):
 def test_version_and_the_whole_description():
     from importlib import metadata
 
-    done = run("--version")
-    assert (done.returncode, done.stdout.splitlines()[0]) == (0, f"megacache {metadata.version('megacache')}")
+    for flag in ("--version", "-V"):
+        done = run(flag)
+        assert (done.returncode, done.stdout.splitlines()[0], done.stderr) == \
+            (0, f"megacache {metadata.version('megacache')}", "")
     described = run("--help").stdout
     for variable in ("MEGACACHE_COMM", "MEGACACHE_KERNEL_DIR", "MEGACACHE_HEARTBEAT_S", "MEGACACHE_STALE_S"):
         assert f"\n  {variable} " in described
