@@ -6,8 +6,10 @@ Every subcommand runs the same under mpiexec -n P, srun, or as one process; rank
 Exit status: 0 success; 2 bad input or configuration (the message names the flag, file or field);
 1 an unexpected failure (a bug: the traceback is printed); 3 (tokenize only) the output is complete
 and exact, but the fast tokenizer backend disagreed with its reference on some unit, which was redone.
-On SIGTERM or SIGINT a job releases its lock, says where it was and ends by that signal (a shell
-reports 143 or 130, mpiexec 15 or 2): nothing partial is published, and a rerun resumes.
+A command whose output reader goes away (| head -1) stops there, quietly, with status 0: the
+reader chose to read no more (so a verify cut short has not checked everything). On SIGTERM or
+SIGINT a job releases its lock, says where it was and ends by that signal (a shell reports 143 or
+130, mpiexec 15 or 2): nothing partial is published, and a rerun resumes.
 
 """
 
@@ -17,6 +19,7 @@ import argparse
 import gc
 import os
 import re
+import select
 import sys
 import textwrap
 import traceback
@@ -776,6 +779,32 @@ def single_threaded_blas() -> None:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
+def reader_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is stdout's reader going away (``megacache verify ... | head -1`` once head has
+    its line), told from a broken pipe of megacache's own (to a worker process) by polling stdout:
+    a pipe without a reader polls as an error."""
+    if not isinstance(exc, BrokenPipeError):
+        return False
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # stdout replaced by a stream without a descriptor
+        return False
+    poll = select.poll()
+    poll.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+
+
+def end_quietly() -> int:
+    """The exit status of a command whose stdout reader went away: 0, and nothing more said. The
+    reader stopped reading by choice, as ``head`` does, so this is no failure; a Unix tool killed
+    by SIGPIPE would say nothing either. stdout goes to /dev/null, so that nothing written after,
+    the interpreter's last flush included, fails again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..runtime.log import show_on_stderr
 
@@ -805,6 +834,11 @@ def main(argv: list[str] | None = None) -> int:
         # Not agreed, so possibly on this rank alone: report it and take the whole job down rather
         # than leave the other ranks waiting in a collective. The system's or the input's fault (an
         # OSError a command did not check for first) is bad input; anything else is a bug.
+        if reader_gone(exc):
+            status = end_quietly()
+            if comm.size > 1:
+                comm.abort(status)
+            return status
         bug = is_bug(exc)
         print(f"megacache {args.command}: rank {comm.rank} failed:\n{traceback.format_exc()}" if bug else
               f"megacache {args.command}: error: {exc}", file=sys.stderr, flush=True)

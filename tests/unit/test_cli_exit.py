@@ -107,3 +107,48 @@ def test_a_bug_inside_an_agreed_phase_exits_1_with_its_traceback(tmp_path):
     assert "during publishing the GPTDataset caches:\n  rank 1: Traceback" in done.stderr
     assert "ZeroDivisionError: division by zero" in done.stderr
     assert not [n for n in os.listdir(tmp_path / "cache") if n.endswith("description.txt")]
+
+
+def run_into_closed_pipe(*args, python=("-m", "megacache")):
+    """The command with its stdout a pipe whose reader has gone, as in ``megacache ... | head -1``
+    once head has its line."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([sys.executable, *python, *args], stdout=write, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
+    finally:
+        os.close(write)
+
+
+def test_a_closed_stdout_ends_the_command_quietly_with_status_0(tmp_path):
+    prefix = str(tmp_path / "d")
+    write_lengths(prefix, [5, 9, 30] * 20)
+    before = sorted(os.listdir(tmp_path))
+    for args in (["verify", prefix, prefix], ["inspect", prefix], ["--help"], ["-V"]):
+        done = run_into_closed_pipe(*args)
+        assert (done.returncode, done.stderr) == (0, ""), args
+    # what the process writes after, here an exit handler's line, goes nowhere rather than failing
+    done = run_into_closed_pipe("inspect", prefix, python=("-c", RUN))
+    assert (done.returncode, done.stderr) == (0, "")
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+OWN_PIPE = """
+import os, sys
+from megacache.interfaces import cli
+
+def broken(args, comm):
+    read, write = os.pipe()  # a pipe of megacache's own, as to a worker process
+    os.close(read)
+    os.write(write, b"x")
+cli._cmd_inspect = broken
+sys.argv = ["megacache", *sys.argv[1:]]
+cli.run()
+"""
+
+
+def test_a_broken_pipe_other_than_stdout_is_still_an_error(tmp_path):
+    done = subprocess.run([sys.executable, "-c", OWN_PIPE, "inspect", str(tmp_path)], capture_output=True, text=True,
+                          timeout=120)
+    assert (done.returncode, done.stderr) == (2, "megacache inspect: error: [Errno 32] Broken pipe\n")
