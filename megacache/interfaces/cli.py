@@ -1,7 +1,8 @@
 """megacache: Megatron's dataset files and index caches, byte for byte as megatron-core makes them,
 built by every rank of a job instead of by rank 0 alone while the GPUs wait.
 
-Every subcommand runs the same under mpiexec -n P, srun, or as one process; rank 0 prints.
+Every subcommand runs the same under mpiexec -n P, srun, or as one process; rank 0 prints. Flags
+are spelled in full, as Megatron-LM's parser wants them: an abbreviation is refused.
 
 Exit status: 0 success; 2 bad input or configuration (the message names the flag, file or field);
 1 an unexpected failure (a bug: the traceback is printed); 3 (tokenize only) the output is complete
@@ -16,6 +17,7 @@ SIGINT a job releases its lock, says where it was and ends by that signal (a she
 from __future__ import annotations
 
 import argparse
+import difflib
 import gc
 import os
 import re
@@ -554,6 +556,35 @@ def _add_version_arg(p: argparse.ArgumentParser) -> None:
                         f"megatron-core's version, else {NEWEST})")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse reading flags as Megatron-LM's parser does, never abbreviated (``--seq 256`` is no
+    ``--seq-length``, which training would refuse), and refusing an unknown flag where it was given:
+    a subcommand's own usage and the flag it most likely meant, not the top level's usage."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            hints = [self._meant(w.partition("=")[0]) for w in extras if w.startswith("-")]
+            self.error(f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints if h))
+        return namespace, extras
+
+    def _meant(self, flag: str) -> str:
+        """What an unknown flag most likely meant: the flags it abbreviates, else the one it resembles."""
+        known = list(self._option_string_actions)
+        longer = [o for o in known if o.startswith(flag)]
+        if longer:
+            return f"flags are not abbreviated (as in Megatron-LM): did you mean {_either(longer)}?"
+        close = difflib.get_close_matches(flag, known, n=1)
+        return f"did you mean {close[0]}?" if close else ""
+
+
+def _either(words: list[str]) -> str:
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     from ..algorithms.blend_sizes import DEFAULT_SURPLUS
     from ..text.backends import BACKENDS, DEFAULT_VERIFY_FRACTION
@@ -566,7 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
     width = max(map(len, VARIABLES)) + 2
     described = "\n".join(textwrap.fill(text, 100, initial_indent=f"  {name:<{width}}",
                                         subsequent_indent=" " * (width + 2)) for name, text in VARIABLES.items())
-    parser = argparse.ArgumentParser(prog="megacache", description=f"{__doc__.strip()}\n\nEnvironment:\n{described}",
+    parser = _Parser(prog="megacache", description=f"{__doc__.strip()}\n\nEnvironment:\n{described}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-V", "--version", action="version", version=f"megacache {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,0 +1,72 @@
+"""A mistyped or abbreviated flag is refused by the subcommand it was given to: that subcommand's
+usage, the flag it most likely meant, exit 2, and nothing written. Flags are never abbreviated, as
+in Megatron-LM, whose parser has allow_abbrev=False: a flag training would refuse builds nothing here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megacache.interfaces import cli
+from support.oracle import write_lengths
+
+
+def run(argv: list[str], capsys) -> tuple[int, str]:
+    try:
+        status = cli.main(argv)
+    except SystemExit as exc:  # argparse's errors
+        status = exc.code
+    return status, capsys.readouterr().err
+
+
+CASES = [
+    (["build", "--data-path", "d", "--seq-lenght", "8"], "megacache build",
+     "unrecognized arguments: --seq-lenght 8; did you mean --seq-length?"),
+    (["build", "--data-path", "d", "--seq", "8"], "megacache build",
+     "unrecognized arguments: --seq 8; flags are not abbreviated (as in Megatron-LM): did you mean --seq-length?"),
+    (["build", "--data-path", "d", "--dry_run"], "megacache build",
+     "unrecognized arguments: --dry_run; did you mean --dry-run?"),
+    (["inspect", "d", "--eos_id=3"], "megacache inspect", "unrecognized arguments: --eos_id=3; did you mean --eos-id?"),
+    (["tokenize", "--input", "d", "--output-prefix", "o", "--json-key", "text"], "megacache tokenize",
+     "unrecognized arguments: --json-key text; flags are not abbreviated (as in Megatron-LM): did you mean "
+     "--json-keys?"),
+    (["sample-corpus", "--output-dir", "out", "--file", "1"], "megacache sample-corpus",
+     "unrecognized arguments: --file 1; flags are not abbreviated (as in Megatron-LM): did you mean --files?"),
+    (["--verison", "inspect", "d"], "megacache [-h]", "unrecognized arguments: --verison; did you mean --version?"),
+]
+
+
+@pytest.mark.parametrize("argv, usage, hint", CASES, ids=[" ".join(argv) for argv, _, _ in CASES])
+def test_a_mistyped_flag_names_the_flag_meant_in_its_subcommands_usage(argv, usage, hint, capsys, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_lengths("d", [5, 9, 30] * 20)
+    before = sorted(os.listdir())
+    status, err = run(argv, capsys)
+    assert status == 2
+    assert err.startswith(f"usage: {usage}"), err
+    prog = usage.split(" [")[0]
+    assert err.endswith(f"\n{prog}: error: {hint}\n"), err
+    assert sorted(os.listdir()) == before
+
+
+def test_no_parser_takes_an_abbreviation():
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert [name for name, p in {"megacache": parser, **sub.choices}.items() if p.allow_abbrev] == []
+
+
+def test_a_mistyped_flag_from_the_shell(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "megacache", "build", "--seq-lenght", "4096", "--data-path",
+                           str(tmp_path / "d"), "--data-cache-path", str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("usage: megacache build [-h]")
+    assert done.stderr.endswith("megacache build: error: unrecognized arguments: --seq-lenght 4096; did you mean "
+                                "--seq-length?\n")
+    assert os.listdir(tmp_path) == []
