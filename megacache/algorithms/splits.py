@@ -23,14 +23,7 @@ def parse_split(split: str) -> list[float]:
     Like Megatron: every run of ``[.0-9]`` is a number (any other character separates, so no
     weight can be negative), missing weights are 0, and the weights are divided by their float64 sum.
     """
-    if not isinstance(split, str):
-        raise MegacacheError(f"--split must be a string such as '969,30,1', got {split!r}")
-    runs = _NUMBER.findall(split)
-    try:
-        weights = [float(run) for run in runs]
-    except ValueError:
-        bad = next(run for run in runs if not _is_float(run))
-        raise MegacacheError(f"--split {split!r}: {bad!r} is not a number") from None
+    weights = _read_weights(split)
     if len(weights) > NUM_SPLITS:
         raise MegacacheError(
             f"--split {split!r} has {len(weights)} weights; give at most {NUM_SPLITS} (train, valid, test)"
@@ -43,6 +36,66 @@ def parse_split(split: str) -> list[float]:
     if not np.isfinite(w.sum()):
         raise MegacacheError(f"--split {split!r}: the weights are too large to add up in float64")
     return (w / w.sum()).tolist()
+
+
+def _read_weights(split: str) -> list[float]:
+    """The weights megatron-core reads in a split string, before it pads and normalises them: every
+    run of ``[.0-9]``, whatever is around it."""
+    if not isinstance(split, str):
+        raise MegacacheError(f"--split must be a string such as '969,30,1', got {split!r}")
+    runs = _NUMBER.findall(split)
+    try:
+        return [float(run) for run in runs]
+    except ValueError:
+        bad = next(run for run in runs if not _is_float(run))
+        raise MegacacheError(f"--split {split!r}: {bad!r} is not a number") from None
+
+
+#: what megatron-core drops that belongs to how a number is written: a letter (an exponent, nan,
+#: inf, a typo), a sign, an underscore, a digit other than 0-9
+_PART_OF_A_NUMBER = re.compile(r"[^\W0-9]|[+-]")
+#: a place left empty before a weight: a list separator first, or two with no number between
+#: (megatron-core then reads the weights after it one place early); none at the end shifts any
+_EMPTY_PLACE = re.compile(r"(?:^|[,;/])[^0-9.]*[,;/](?=.*[0-9])")
+#: as documented: weights separated by commas (Megatron-LM's default is '969, 30, 1')
+_WEIGHT = r"\s*(?:[0-9]+\.?[0-9]*|\.[0-9]+)\s*"
+_DOCUMENTED = re.compile(rf"{_WEIGHT}(?:,{_WEIGHT})*")
+
+
+def check_split_string(split: str) -> str | None:
+    """Refuse a split string that megatron-core would read otherwise than it is written; for one it
+    reads as written though not written as documented (``'99/1/0'``), the warning to print; else None.
+
+    megatron-core keeps each run of digits and dots and drops the rest without a word: it reads
+    ``'-1,50,51'`` as 1, 50, 51 and ``'a1,b'`` as 1, 0, 0. The cache is named after the string as
+    given, so megacache cannot read it any other way (the caches would no longer be Megatron's);
+    it refuses it instead, saying what Megatron would have read."""
+    raw = _read_weights(split)  # a run that is no number: megatron-core fails on it too
+    dropped = dict.fromkeys(_PART_OF_A_NUMBER.findall(split))
+    if dropped or _EMPTY_PLACE.search(split):
+        padded = raw + [0.0] * (NUM_SPLITS - len(raw))
+        if len(raw) > NUM_SPLITS:
+            read = f"{len(raw)} weights, {_weights_text(raw)}, which it refuses (at most {NUM_SPLITS})"
+        else:
+            read = f"{_weights_text(padded)} (train, valid, test)"
+            if not sum(padded) > 0:
+                read += ", weights that sum to 0, which it cannot normalise"
+        why = (f"ignoring {', '.join(map(repr, dropped))}" if dropped else
+               "an empty place being no weight, not 0")
+        raise MegacacheError(f"--split {split!r}: megatron-core reads only the runs of digits and dots in a split, "
+                             f"so it would read this as {read}, {why}. Give megacache and training alike 1 to "
+                             f"{NUM_SPLITS} non-negative numbers separated by commas, such as '969,30,1'")
+    parse_split(split)  # at most three, not all 0: else its own error
+    if _DOCUMENTED.fullmatch(split):
+        return None
+    return (f"--split {split!r}: megatron-core reads the numbers only, whatever is around them: "
+            f"{_weights_text(raw + [0.0] * (NUM_SPLITS - len(raw)))} (train, valid, test); the cache name hashes "
+            f"the string as given, so give training this same --split")
+
+
+def _weights_text(weights: list[float]) -> str:
+    """``[1.0, 50.0, 0.5]`` as ``1, 50, 0.5``."""
+    return ", ".join(repr(w).removesuffix(".0") for w in weights)
 
 
 def _is_float(text: str) -> bool:

@@ -295,6 +295,7 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
     from ..builders.build import BuildConfig
     from ..megatron.blends import blend_from_flags
     from ..algorithms.blend_sizes import DEFAULT_SURPLUS
+    from ..algorithms.splits import check_split_string
     from ..megatron.flags import given_flags
     from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
 
@@ -309,6 +310,10 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
     if args.seq_length is None:
         raise MegacacheError("--seq-length is required (training's sequence length: it is hashed)")
     split = args.split if args.split is not None or per_split else DEFAULT_SPLIT
+    if args.split is not None and not per_split:  # with per-split data, --split is refused as it is
+        warning = check_split_string(args.split)
+        if warning and comm.rank == 0:
+            print(f"megacache build: warning: {warning}", file=sys.stderr, flush=True)
     version, tokenizer = _tokenizer_ids(args, comm)
     sizes = split_sizes(version, **given_flags(args, SIZE_FLAGS))
     return BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=tokenizer,
@@ -654,7 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--test-data-path", nargs="+", metavar="WORD", help="the test split's own blend")
     g.add_argument("--per-split-data-args-path", metavar="FILE.json", type=nonempty,
                    help='JSON {"train": [...], "valid": [...], "test": [...]} of per-split words')
-    p.add_argument("--split", help="as Megatron (default '969, 30, 1' with --data-path; spaces are hashed)")
+    p.add_argument("--split", help="as Megatron: 1 to 3 non-negative weights separated by commas (default '969, 30, "
+                                   "1' with --data-path; spaces are hashed). A string megatron-core would read "
+                                   "otherwise than written (a sign, a letter, an empty place) is refused, saying how "
+                                   "it would read it")
     p.add_argument("--seq-length", type=int, help="training's --seq-length (required; hashed)")
     p.add_argument("--seed", type=int, help=f"training's --seed (default {DEFAULT_SEED}; hashed; not sample-corpus's "
                                             f"--seed, which seeds the synthetic text)")

@@ -47,7 +47,6 @@ COMMANDS = {
         required=frozenset({"--data-path", "--seq-length", "--train-samples", "--global-batch-size",
                             "--eval-interval", "--tokenizer-type", "--vocab-size"}),
         valid={
-            ("--split", "-1"): "Megatron reads the digits of --split only: '-1' is '1'",
             ("--seed", "0"): "a seed",
             ("--data-cache-path", WORD): "a directory relative to the current one",
             ("--mid-level-dataset-surplus", "0"): "no surplus",
