@@ -7,8 +7,9 @@ are spelled in full, as Megatron-LM's parser wants them: an abbreviation is refu
 Exit status: 0 success; 2 bad input or configuration (the message names the flag, file or field);
 1 an unexpected failure (a bug: the traceback is printed); 3 (tokenize only) the output is complete
 and exact, but the fast tokenizer backend disagreed with its reference on some unit, which was redone.
-A command whose output reader goes away (| head -1) stops there, quietly, with status 0: the
-reader chose to read no more (so a verify cut short has not checked everything). On SIGTERM or
+A command whose output reader goes away (| head -1) stops there, quietly, with status 141 (128 +
+SIGPIPE, as a shell reports any tool that a closed pipe ends): not 0, since a verify cut short has
+not checked everything. On SIGTERM or
 SIGINT a job releases its lock, says where it was and ends by that signal (a shell reports 143 or
 130, mpiexec 15 or 2): nothing partial is published, and a rerun resumes.
 
@@ -22,6 +23,7 @@ import gc
 import os
 import re
 import select
+import signal
 import sys
 import textwrap
 import traceback
@@ -834,14 +836,14 @@ def reader_gone(exc: BaseException) -> bool:
 
 
 def end_quietly() -> int:
-    """The exit status of a command whose stdout reader went away: 0, and nothing more said. The
-    reader stopped reading by choice, as ``head`` does, so this is no failure; a Unix tool killed
-    by SIGPIPE would say nothing either. stdout goes to /dev/null, so that nothing written after,
-    the interpreter's last flush included, fails again."""
+    """The exit status of a command whose stdout reader went away, with nothing more said: what a
+    shell reports for a tool that SIGPIPE ends (``set -o pipefail`` then sees that the command did
+    not finish; ``head`` itself chose to stop, so nothing is an error to report). stdout goes to
+    /dev/null, so that nothing written after, the interpreter's last flush included, fails again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
-    return 0
+    return 128 + signal.SIGPIPE
 
 
 def main(argv: list[str] | None = None) -> int:

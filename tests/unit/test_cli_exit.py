@@ -121,16 +121,19 @@ def run_into_closed_pipe(*args, python=("-m", "megacache")):
         os.close(write)
 
 
-def test_a_closed_stdout_ends_the_command_quietly_with_status_0(tmp_path):
+def test_a_closed_stdout_ends_the_command_quietly_with_status_141(tmp_path):
     prefix = str(tmp_path / "d")
     write_lengths(prefix, [5, 9, 30] * 20)
     before = sorted(os.listdir(tmp_path))
-    for args in (["verify", prefix, prefix], ["inspect", prefix], ["--help"], ["-V"]):
+    for args in (["verify", prefix, prefix], ["inspect", prefix]):
+        done = run_into_closed_pipe(*args)
+        assert (done.returncode, done.stderr) == (141, ""), args
+    for args in (["--help"], ["-V"]):  # no command ran: argparse's own printing, quiet too
         done = run_into_closed_pipe(*args)
         assert (done.returncode, done.stderr) == (0, ""), args
     # what the process writes after, here an exit handler's line, goes nowhere rather than failing
     done = run_into_closed_pipe("inspect", prefix, python=("-c", RUN))
-    assert (done.returncode, done.stderr) == (0, "")
+    assert (done.returncode, done.stderr) == (141, "")
     assert sorted(os.listdir(tmp_path)) == before
 
 
