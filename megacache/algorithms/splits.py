@@ -63,17 +63,18 @@ _DOCUMENTED = re.compile(rf"{_WEIGHT}(?:,{_WEIGHT})*")
 
 
 def check_split_string(split: str) -> str | None:
-    """Refuse a split string that megatron-core would read otherwise than it is written; for one it
-    reads as written though not written as documented (``'99/1/0'``), the warning to print; else None.
+    """The warning to print for a split string that megatron-core reads otherwise than it is written,
+    or as written though not as documented (``'99/1/0'``); None for a plain one. A string it cannot
+    use at all (more than three weights, or weights that sum to 0) is refused, saying how it reads it.
 
     megatron-core keeps each run of digits and dots and drops the rest without a word: it reads
     ``'-1,50,51'`` as 1, 50, 51 and ``'a1,b'`` as 1, 0, 0. The cache is named after the string as
-    given, so megacache cannot read it any other way (the caches would no longer be Megatron's);
-    it refuses it instead, saying what Megatron would have read."""
+    given and training reads it the same way, so megacache builds what Megatron reads, and says so."""
     raw = _read_weights(split)  # a run that is no number: megatron-core fails on it too
+    padded = raw + [0.0] * (NUM_SPLITS - len(raw))
     dropped = dict.fromkeys(_PART_OF_A_NUMBER.findall(split))
     if dropped or _EMPTY_PLACE.search(split):
-        padded = raw + [0.0] * (NUM_SPLITS - len(raw))
+        unusable = len(raw) > NUM_SPLITS or not sum(padded) > 0
         if len(raw) > NUM_SPLITS:
             read = f"{len(raw)} weights, {_weights_text(raw)}, which it refuses (at most {NUM_SPLITS})"
         else:
@@ -82,9 +83,13 @@ def check_split_string(split: str) -> str | None:
                 read += ", weights that sum to 0, which it cannot normalise"
         why = (f"ignoring {', '.join(map(repr, dropped))}" if dropped else
                "an empty place being no weight, not 0")
-        raise MegacacheError(f"--split {split!r}: megatron-core reads only the runs of digits and dots in a split, "
-                             f"so it would read this as {read}, {why}. Give megacache and training alike 1 to "
-                             f"{NUM_SPLITS} non-negative numbers separated by commas, such as '969,30,1'")
+        said = (f"--split {split!r}: megatron-core reads only the runs of digits and dots in a split, so it "
+                f"{'would read' if unusable else 'reads'} this as {read}, {why}.")
+        if unusable:
+            raise MegacacheError(f"{said} Give megacache and training alike 1 to {NUM_SPLITS} non-negative numbers "
+                                 f"separated by commas, such as '969,30,1'")
+        return (f"{said} The caches are built for that, as training will read it; if you meant otherwise, give "
+                f"megacache and training alike numbers separated by commas, such as '969,30,1'")
     parse_split(split)  # at most three, not all 0: else its own error
     if _DOCUMENTED.fullmatch(split):
         return None

@@ -662,9 +662,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--per-split-data-args-path", metavar="FILE.json", type=nonempty,
                    help='JSON {"train": [...], "valid": [...], "test": [...]} of per-split words')
     p.add_argument("--split", help="as Megatron: 1 to 3 non-negative weights separated by commas (default '969, 30, "
-                                   "1' with --data-path; spaces are hashed). A string megatron-core would read "
-                                   "otherwise than written (a sign, a letter, an empty place) is refused, saying how "
-                                   "it would read it")
+                                   "1' with --data-path; spaces are hashed). A string megatron-core reads "
+                                   "otherwise than written (a sign, a letter, an empty place) builds what it reads, "
+                                   "with a warning saying so")
     p.add_argument("--seq-length", type=int, help="training's --seq-length (required; hashed)")
     p.add_argument("--seed", type=int, help=f"training's --seed (default {DEFAULT_SEED}; hashed; not sample-corpus's "
                                             f"--seed, which seeds the synthetic text)")

@@ -47,6 +47,7 @@ COMMANDS = {
         required=frozenset({"--data-path", "--seq-length", "--train-samples", "--global-batch-size",
                             "--eval-interval", "--tokenizer-type", "--vocab-size"}),
         valid={
+            ("--split", "-1"): "Megatron reads the digits of --split only: '-1' is '1' (a warning says so)",
             ("--seed", "0"): "a seed",
             ("--data-cache-path", WORD): "a directory relative to the current one",
             ("--mid-level-dataset-surplus", "0"): "no surplus",
