@@ -1,6 +1,17 @@
 """Helpers shared by the test tiers: oracles, corpora, sweeps."""
 
 
+def run_cli(argv: list[str], capsys) -> tuple[int, str]:
+    """``megacache argv`` in this process: its exit status (argparse's errors included) and stderr."""
+    from megacache.interfaces import cli
+
+    try:
+        status = cli.main(argv)
+    except SystemExit as exc:  # argparse's errors
+        status = exc.code
+    return status, capsys.readouterr().err
+
+
 def without_mpi(env: dict) -> dict:
     """``env`` less an MPI launcher's variables: a process started with it is not a rank of the
     world this test may run in (megacache would otherwise join it)."""

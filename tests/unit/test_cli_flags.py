@@ -13,15 +13,8 @@ import sys
 import pytest
 
 from megacache.interfaces import cli
+from support import run_cli
 from support.oracle import write_lengths
-
-
-def run(argv: list[str], capsys) -> tuple[int, str]:
-    try:
-        status = cli.main(argv)
-    except SystemExit as exc:  # argparse's errors
-        status = exc.code
-    return status, capsys.readouterr().err
 
 
 CASES = [
@@ -47,7 +40,7 @@ def test_a_mistyped_flag_names_the_flag_meant_in_its_subcommands_usage(argv, usa
     monkeypatch.chdir(tmp_path)
     write_lengths("d", [5, 9, 30] * 20)
     before = sorted(os.listdir())
-    status, err = run(argv, capsys)
+    status, err = run_cli(argv, capsys)
     assert status == 2
     assert err.startswith(f"usage: {usage}"), err
     prog = usage.split(" [")[0]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from megacache.interfaces import cli
+from support import run_cli
 from support.oracle import write_lengths
 
 #: stand for the sweep's input directory and for the case's own output path
@@ -195,14 +196,6 @@ def inputs(tmp_path_factory) -> str:
     return str(t)
 
 
-def run(argv: list[str], capsys) -> tuple[int, str]:
-    try:
-        status = cli.main(argv)
-    except SystemExit as exc:  # argparse's errors
-        status = exc.code
-    return status, capsys.readouterr().err
-
-
 def test_the_sweep_is_hundreds_of_command_lines():
     assert len(CASES) > 250
     assert len({p.id for p in CASES}) == len(CASES)
@@ -212,7 +205,7 @@ def test_the_sweep_is_hundreds_of_command_lines():
 def test_command_line(case: Case, inputs, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = [w.replace(T, inputs).replace(O, f"{tmp_path}/o") for w in case.argv]
-    status, err = run(argv, capsys)
+    status, err = run_cli(argv, capsys)
     assert "Traceback" not in err, err
     assert status == case.status, err
     if status:
@@ -229,7 +222,7 @@ def test_a_bug_inside_an_agreed_phase_exits_1_with_its_traceback(inputs, capsys,
 
     monkeypatch.setattr(gpt, "split_tokens", broken)
     argv = [w.replace(T, inputs).replace(O, f"{tmp_path}/o") for w in COMMANDS["build"].argv]
-    status, err = run(argv, capsys)
+    status, err = run_cli(argv, capsys)
     assert status == 1, err
     assert "megacache build: unexpected failure, a bug in megacache" in err
     assert "during opening the datasets:\n  rank 0: Traceback" in err and "TypeError: injected" in err
@@ -243,5 +236,5 @@ def test_an_os_error_no_check_caught_is_exit_2_without_a_traceback(capsys, tmp_p
         raise PermissionError(13, "Permission denied", directory)
 
     monkeypatch.setattr(sample_corpus, "write_sample_corpus", refused)
-    status, err = run(["sample-corpus", "--output-dir", f"{tmp_path}/ro"], capsys)
+    status, err = run_cli(["sample-corpus", "--output-dir", f"{tmp_path}/ro"], capsys)
     assert (status, err) == (2, f"megacache sample-corpus: error: [Errno 13] Permission denied: '{tmp_path}/ro'\n")
