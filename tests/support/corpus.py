@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -180,7 +181,22 @@ def array_of(ids) -> np.ndarray:
 
 
 def free_port() -> int:
-    """A loopback port for a torch.distributed rendezvous in a test."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for a torch.distributed rendezvous in a test: free now, and below the
+    kernel's ephemeral range, so that no connection or listener another process opens meanwhile
+    (MPI's, a filesystem client's) is given it before the rendezvous binds it, as one given by the
+    kernel (port 0) can be."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    rng = random.Random()
+    for _ in range(100):
+        port = rng.randrange(max(1024, ephemeral // 2), ephemeral)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free loopback port below {ephemeral} in 100 tries")
