@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ..errors import JobFailed, MegacacheError
-from .fsio import STATE_DIR, TMP_MARK, gone, make_directories, remove_quietly, write_json_atomic
+from .fsio import STATE_DIR, TMP_MARK, gone, make_directories, names, remove_quietly, write_json_atomic
 from . import preemption
 from .environment import heartbeat_s, stale_s
 from .log import LOG
@@ -354,23 +354,13 @@ def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, 
     reports = []
     state = state_dir(directory)
     prefix = f"{key}.job-"
-    try:
-        names = sorted(os.listdir(state))
-    except OSError as exc:
-        if not gone(exc):
-            raise
-        names = []
-    for name in names:
+    for name in sorted(names(state)):
         if not name.startswith(prefix) or name == f"{prefix}{own_job}":
             continue
         path = os.path.join(state, name)
         ranks = []
-        try:
-            rank_files = [n for n in os.listdir(path) if n.startswith("rank-") and n[5:].isdigit()]
-        except OSError as exc:  # its job, judged dead but alive, finished and removed its records
-            if not gone(exc):
-                raise
-            continue
+        # none where its job, judged dead but alive, finished and removed its records meanwhile
+        rank_files = [n for n in names(path) if n.startswith("rank-") and n[5:].isdigit()]
         for rank_file in sorted(rank_files, key=lambda n: int(n[5:])):
             record, _ = _read_record(os.path.join(path, rank_file))
             if record:
@@ -437,13 +427,7 @@ def tidy(directories, key: str, temporaries: tuple[str, ...]) -> None:
     """What dead jobs left where there is nothing to build (a job killed after its last rename):
     cleared when no live job holds the lock. One listing per directory when there is nothing."""
     for d in sorted(set(directories)):
-        try:
-            names = os.listdir(state_dir(d))
-        except OSError as exc:
-            if not gone(exc):
-                raise
-            continue
-        if not any(n == f"{key}.lock" or n.startswith(f"{key}.job-") for n in names):
+        if not any(n == f"{key}.lock" or n.startswith(f"{key}.job-") for n in names(state_dir(d))):
             continue
         lock = Lock(d, key, "tidy", "clearing what dead jobs left")
         if lock.acquire(_say, wait=False):

@@ -487,6 +487,17 @@ def gone(exc: OSError) -> bool:
     return exc.errno in GONE
 
 
+def names(directory: str) -> list[str]:
+    """``directory``'s entries, read once; none where it is gone (removed by another node, perhaps
+    since this client last saw it)."""
+    try:
+        return os.listdir(directory)
+    except OSError as exc:
+        if gone(exc):
+            return []
+        raise
+
+
 def make_directories(path: str) -> None:
     """``path`` and its missing parents made, as ``os.makedirs(path, exist_ok=True)``, for paths that
     another node may make or remove meanwhile: an EEXIST is taken as the directory being there,

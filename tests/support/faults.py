@@ -7,19 +7,7 @@ import os
 import subprocess
 import time
 
-from megacache.runtime.fsio import STATE_DIR, TMP_MARK, gone
-
-
-def names(directory: str) -> list[str]:
-    """``directory``'s entries, read once: a directory that another node removed meanwhile has none.
-    Never ``isdir`` and then ``listdir``: a client's cached entry can say yes to the first after the
-    directory is gone from the server, and the second then fails."""
-    try:
-        return os.listdir(directory)
-    except OSError as exc:
-        if gone(exc):
-            return []
-        raise
+from megacache.runtime.fsio import STATE_DIR, TMP_MARK, gone, names
 
 
 def final_files(directory: str) -> dict[str, bytes]:
