@@ -28,14 +28,15 @@ def final_files(directory: str) -> dict[str, bytes]:
     return found
 
 
-def current_phases(directory: str) -> set[str]:
-    """The phases the ranks' records in ``directory`` show now (records are JSON, rewritten by rename)."""
+def current_phases(directory: str, rank: int | None = None) -> set[str]:
+    """The phases the ranks' records in ``directory`` show now (records are JSON, rewritten by
+    rename): every rank's, or ``rank``'s alone."""
     phases = set()
     state = os.path.join(directory, STATE_DIR)
     for job in (os.path.join(state, n) for n in names(state) if ".job-" in n):
-        for rank in (n for n in names(job) if n.startswith("rank-")):
+        for rank_file in (n for n in names(job) if (n == f"rank-{rank}" if rank is not None else n.startswith("rank-"))):
             try:
-                with open(os.path.join(job, rank)) as f:
+                with open(os.path.join(job, rank_file)) as f:
                     phases.add(json.load(f)["phase"])
             except (OSError, ValueError, KeyError):
                 continue  # replaced or removed since the listing, or half-written: read at the next look
@@ -50,11 +51,12 @@ def leftovers(directory: str) -> list[str]:
 
 
 def wait_for_phase(directory: str, phase: str, job: subprocess.Popen, timeout: float = 60) -> None:
-    """Return once a rank of ``job`` records ``phase`` in ``directory``; fail if the job ends first."""
+    """Return once rank 0 of ``job`` records ``phase`` in ``directory`` (the rank whose phase a job
+    reports when it stops; another rank may be a phase ahead); fail if the job ends first."""
     deadline = time.monotonic() + timeout
-    while phase not in current_phases(directory):
+    while phase not in current_phases(directory, rank=0):
         assert job.poll() is None, job.communicate()
-        assert time.monotonic() < deadline, f"no rank reached phase {phase!r} in {timeout:.0f} s"
+        assert time.monotonic() < deadline, f"rank 0 did not reach phase {phase!r} in {timeout:.0f} s"
         time.sleep(0.002)
 
 
