@@ -33,8 +33,9 @@ def current_phases(directory: str, rank: int | None = None) -> set[str]:
     rename): every rank's, or ``rank``'s alone."""
     phases = set()
     state = os.path.join(directory, STATE_DIR)
+    wanted = (lambda n: n.startswith("rank-")) if rank is None else (lambda n: n == f"rank-{rank}")
     for job in (os.path.join(state, n) for n in names(state) if ".job-" in n):
-        for rank_file in (n for n in names(job) if (n == f"rank-{rank}" if rank is not None else n.startswith("rank-"))):
+        for rank_file in filter(wanted, names(job)):
             try:
                 with open(os.path.join(job, rank_file)) as f:
                     phases.add(json.load(f)["phase"])
