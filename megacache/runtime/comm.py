@@ -126,6 +126,10 @@ class Comm:
         return self.rank == 0
 
 
+#: seconds a rank gives the launcher to forward its last output before MPI_Abort
+ABORT_GRACE_S = 0.2
+
+
 def _described(error: BaseException | str | None) -> tuple[str | None, bool]:
     """What the other ranks learn of an error: its message (a bug's whole traceback), and whether it
     is a bug."""
@@ -175,8 +179,12 @@ class MPIComm(Comm):
             delay = min(2 * delay, 1e-3)
 
     def abort(self, code: int = 1) -> None:
+        # The launcher forwards a rank's output on its own schedule and tears the job down on
+        # Abort, possibly before it forwarded the last lines (the message saying why): a moment
+        # between the two lets that message out.
         sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(ABORT_GRACE_S)
         self._comm.Abort(code)
 
 
