@@ -94,7 +94,7 @@ def check_split_string(split: str) -> str | None:
     if _DOCUMENTED.fullmatch(split):
         return None
     return (f"--split {split!r}: megatron-core reads the numbers only, whatever is around them: "
-            f"{_weights_text(raw + [0.0] * (NUM_SPLITS - len(raw)))} (train, valid, test); the cache name hashes "
+            f"{_weights_text(padded)} (train, valid, test); the cache name hashes "
             f"the string as given, so give training this same --split")
 
 
