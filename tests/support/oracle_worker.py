@@ -10,6 +10,9 @@ Requests:
   with the case's flags on top), or ``{"error": "..."}``.
 * ``{"task": "tokenizer_flags"}``: the tokenizer flags Megatron-LM's arguments.py declares (a
   checkout's ``megatron.training``; the wheels have none): names, destination, switch or not, default.
+* ``{"task": "training_flags", "tools": DIR or null}``: every flag of the training parser
+  Megatron-LM's arguments.py builds (``add_megatron_arguments``), and those tools/prepare_cache.py adds
+  to it where ``tools`` holds one: each flag's spellings and how many words it takes.
 * ``{"task": "caches", "configs": [...]}``: for each configuration, megatron-core's
   ``BlendedMegatronDatasetBuilder(GPTDataset, ...).build()`` writing its cache to ``path_to_cache``;
   the answer per configuration is None or how it refused (``refusal``).
@@ -98,6 +101,29 @@ def tokenizer_flags(request: dict) -> list:
     _add_tokenizer_args(parser)
     return [{"names": a.option_strings, "dest": a.dest, "switch": a.nargs == 0, "default": a.default}
             for a in parser._actions if a.option_strings and a.dest != "help"]
+
+
+def training_flags(request: dict) -> dict:
+    import argparse
+
+    from megatron.training.arguments import add_megatron_arguments
+
+    def described(parser: argparse.ArgumentParser, skip: set) -> dict:
+        # nargs None is one word; 0 a switch; a number, "?", "*" or "+" as argparse means them
+        return {name: (1 if a.nargs is None else a.nargs) for a in parser._actions if a.dest != "help"
+                for name in a.option_strings if name not in skip}
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    add_megatron_arguments(parser)
+    training = described(parser, set())
+    prepare_cache = {}
+    if request.get("tools"):
+        sys.path.insert(0, request["tools"])
+        import prepare_cache as tool
+
+        tool.add_prepare_cache_args(parser)
+        prepare_cache = described(parser, set(training))
+    return {"training": training, "prepare_cache": prepare_cache}
 
 
 class LoopsForever(Exception):
