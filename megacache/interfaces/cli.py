@@ -23,6 +23,7 @@ import gc
 import os
 import re
 import select
+import shlex
 import signal
 import sys
 import textwrap
@@ -258,6 +259,9 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
         cfg = _megatron_lm_config(args, comm)
     if args.json and not args.dry_run:
         raise MegacacheError("--json goes with --dry-run (a build prints a summary)")
+    if args.verbose and args.training_flags and comm.rank == 0:
+        print("megacache build: training flags accepted, which change nothing in the caches: "
+              + " ".join(shlex.join(words) for words in args.training_flags), file=sys.stderr, flush=True)
     if args.dry_run:
         _dry_run(cfg, comm, args.verbose, args.json)
         return
@@ -309,7 +313,10 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
                              "asserts): give the data per split (--per-split-data-args-path or "
                              "--train/valid/test-data-path)")
     _check_datasets(blend, per_split, comm)  # the most basic problem first
-    if args.seq_length is None:
+    if args.seq_length is not None and args.encoder_seq_length is not None:
+        raise MegacacheError("give --seq-length or --encoder-seq-length, not both (Megatron-LM asserts)")
+    seq_length = args.seq_length if args.seq_length is not None else args.encoder_seq_length
+    if seq_length is None:
         raise MegacacheError("--seq-length is required (training's sequence length: it is hashed)")
     split = args.split if args.split is not None or per_split else DEFAULT_SPLIT
     if args.split is not None and not per_split:  # with per-split data, --split is refused as it is
@@ -318,7 +325,7 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
             print(f"megacache build: warning: {warning}", file=sys.stderr, flush=True)
     version, tokenizer = _tokenizer_ids(args, comm)
     sizes = split_sizes(version, **given_flags(args, SIZE_FLAGS))
-    return BuildConfig(seq_length=args.seq_length, sizes=sizes, tokenizer=tokenizer,
+    return BuildConfig(seq_length=seq_length, sizes=sizes, tokenizer=tokenizer,
                        megatron_version=version, blend=blend,
                        blend_per_split=per_split, split=split, seed=DEFAULT_SEED if args.seed is None else args.seed,
                        cache_dir=args.data_cache_path,
@@ -340,7 +347,7 @@ def _check_datasets(blend, per_split, comm: Comm) -> None:
 
 #: the build flags that describe a Megatron-LM run, which a Bridge configuration describes instead
 _MEGATRON_LM_RUN = ("data_path", "data_args_path", "train_data_path", "valid_data_path", "test_data_path",
-                    "per_split_data_args_path", "split", "seq_length", "seed", "data_cache_path",
+                    "per_split_data_args_path", "split", "seq_length", "encoder_seq_length", "seed", "data_cache_path",
                     "mid_level_dataset_surplus", "no_add_extra_token_to_sequence",
                     "no_drop_last_partial_validation_sequence", "per_dataset_sequences_path", "tokenizer_identifiers",
                     "tokenizer_from_description", "megatron_python", "dataloader_fast_cache_load",
@@ -356,6 +363,7 @@ def _bridge_config(args: argparse.Namespace, comm: Comm):
 
     given = [f"--{d.replace('_', '-')}" for d in _MEGATRON_LM_RUN if getattr(args, d) not in (None, False)]
     given += [f"--{d.replace('_', '-')}" for d in {**given_flags(args, SIZE_FLAGS), **given_flags(args, TOKENIZER_FLAGS)}]
+    given += [words[0] for words in args.training_flags]
     if given:
         raise MegacacheError(f"--bridge-config {args.bridge_config} describes the run (data, sizes, tokenizer, cache "
                              f"path); leave out {', '.join(given)}")
@@ -566,30 +574,58 @@ def _add_version_arg(p: argparse.ArgumentParser) -> None:
 class _Parser(argparse.ArgumentParser):
     """argparse reading flags as Megatron-LM's parser does, never abbreviated (``--seq 256`` is no
     ``--seq-length``, which training would refuse), and refusing an unknown flag where it was given:
-    a subcommand's own usage and the flag it most likely meant, not the top level's usage."""
+    a subcommand's own usage and the flag it most likely meant, not the top level's usage. A parser
+    that ``reads_training_command`` (build's) sets aside the flags of the chosen Megatron-LM
+    version's training it does not read (``training_flags``) instead."""
+
+    reads_training_command = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
+        from ..megatron.command import nearest, set_aside
+
         namespace, extras = super().parse_known_args(args, namespace)
-        if extras:
-            hints = [self._meant(w.partition("=")[0]) for w in extras if w.startswith("-")]
+        if extras and self.reads_training_command:
+            try:
+                namespace.training_flags = set_aside(extras, _version_of(namespace), self._option_string_actions)
+            except MegacacheError as exc:
+                self.error(str(exc))
+        elif extras:
+            hints = [nearest(w.partition("=")[0], self._option_string_actions) for w in extras if w.startswith("-")]
             self.error(f"unrecognized arguments: {' '.join(extras)}" + "".join(f"; {h}" for h in hints if h))
-        return namespace, extras
-
-    def _meant(self, flag: str) -> str:
-        """What an unknown flag most likely meant: the flags it abbreviates, else the one it resembles."""
-        known = list(self._option_string_actions)
-        longer = [o for o in known if o.startswith(flag)]
-        if longer:
-            return f"flags are not abbreviated (as in Megatron-LM): did you mean {_either(longer)}?"
-        close = difflib.get_close_matches(flag, known, n=1)
-        return f"did you mean {close[0]}?" if close else ""
+        return namespace, []
 
 
-def _either(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+def with_argument_files(words: list[str], parser: argparse.ArgumentParser, reading: tuple = ()) -> list[str]:
+    """``words`` with each ``@FILE`` replaced by the words in FILE, split as a shell splits them
+    (quotes, ``#`` comments, lines continued with a backslash), so that the flags of a training
+    script read as written; a FILE may name more @FILEs."""
+    out = []
+    for word in words:
+        if not word.startswith("@") or len(word) == 1:
+            out.append(word)
+            continue
+        path = word[1:]
+        if path in reading:
+            parser.error(f"{word}: read again from within itself")
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            inner = shlex.split(text.replace("\\\n", " "), comments=True)
+        except OSError as exc:
+            parser.error(f"{word}: cannot read the file of arguments ({exc.strerror})")
+        except (ValueError, UnicodeDecodeError) as exc:
+            parser.error(f"{word}: cannot split it into words as a shell would ({exc})")
+        out += with_argument_files(inner, parser, (*reading, path))
+    return out
+
+
+def _version_of(namespace: argparse.Namespace) -> str:
+    from ..megatron.versions import resolve
+
+    return resolve(namespace.megatron_version)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -605,7 +641,7 @@ def build_parser() -> argparse.ArgumentParser:
     described = "\n".join(textwrap.fill(text, 100, initial_indent=f"  {name:<{width}}",
                                         subsequent_indent=" " * (width + 2)) for name, text in VARIABLES.items())
     parser = _Parser(prog="megacache", description=f"{__doc__.strip()}\n\nEnvironment:\n{described}",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-V", "--version", action="version", version=f"megacache {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -645,7 +681,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_tokenize)
 
     p = sub.add_parser("build", help="build Megatron GPTDataset index caches (flags as in Megatron-LM training, "
-                                     "or a Megatron-Bridge configuration)")
+                                     "or a Megatron-Bridge configuration)",
+                       usage="%(prog)s [the training command's flags] [--dry-run] [--verbose] [...]\n"
+                             "       %(prog)s --bridge-config CONFIG.yaml [...]\n"
+                             "       (%(prog)s --help lists every flag megacache reads)",
+                       description="Takes the training command as it is: besides the flags below, every flag of "
+                                   "the chosen Megatron-LM version's training is accepted and changes nothing in "
+                                   "the caches (--verbose lists them); a flag that version does not know is an "
+                                   "error. @FILE reads more words from FILE, as a shell splits them.")
+    p.reads_training_command = True
+    p.set_defaults(training_flags=[])
     p.add_argument("--bridge-config", metavar="CONFIG.yaml", type=nonempty,
                    help="a Megatron-Bridge ConfigContainer as Bridge writes it to YAML (cfg.to_yaml, or a "
                         "checkpoint's run_config.yaml): the data, split, sequence length, seed, cache path, "
@@ -665,7 +710,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "1' with --data-path; spaces are hashed). A string megatron-core reads "
                                    "otherwise than written (a sign, a letter, an empty place) builds what it reads, "
                                    "with a warning saying so")
-    p.add_argument("--seq-length", type=int, help="training's --seq-length (required; hashed)")
+    p.add_argument("--seq-length", type=int, help="training's --seq-length (required, or --encoder-seq-length; "
+                                                  "hashed)")
+    p.add_argument("--encoder-seq-length", type=int, help="the sequence length when --seq-length is not given, as "
+                                                          "Megatron-LM takes it")
     p.add_argument("--seed", type=int, help=f"training's --seed (default {DEFAULT_SEED}; hashed; not sample-corpus's "
                                             f"--seed, which seeds the synthetic text)")
     p.add_argument("--data-cache-path", help="default: Megatron's <prefix>/cache/GPTDataset_indices (blends "
@@ -850,7 +898,8 @@ def main(argv: list[str] | None = None) -> int:
     from ..runtime.log import show_on_stderr
 
     single_threaded_blas()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(with_argument_files(sys.argv[1:] if argv is None else argv, parser))
     show_on_stderr()
     if argv is None and args.command == "tokenize":
         hide_torch_from_transformers()

@@ -87,7 +87,8 @@ def reference() -> str:
     lines += [f"- [`{name}`](#megacache-{name}): {_escape(helps[name])}" for name in sub.choices]
     lines += _flags(parser)
     for name, p in sub.choices.items():
-        lines += ["", f"## megacache {name}", "", _escape(helps[name]), "", "```text",
+        lines += ["", f"## megacache {name}", "", _escape(helps[name]), "",
+                  *([_escape(p.description), ""] if p.description else []), "```text",
                   _usage(f"megacache {name}", p), "```", *_flags(p)]
     return "\n".join(lines) + "\n"
 

@@ -40,8 +40,21 @@ class Flag:
 
     @property
     def versions(self) -> str:
-        have = [v for v in SUPPORTED if self.exists_in(v)]
-        return have[0] if len(have) == 1 else f"{have[0]} to {have[-1]}"
+        return versions_named([v for v in SUPPORTED if self.exists_in(v)])
+
+
+def versions_named(versions: Sequence[str]) -> str:
+    """Versions as messages name them: a run of consecutive supported versions by its ends."""
+    first, last = SUPPORTED.index(versions[0]), SUPPORTED.index(versions[-1])
+    if len(versions) > 2 and tuple(versions) == SUPPORTED[first:last + 1]:
+        return f"{versions[0]} to {versions[-1]}"
+    return " and ".join(versions) if len(versions) <= 2 else f"{', '.join(versions[:-1])} and {versions[-1]}"
+
+
+def absent_from(version: str, flag: str, versions: Sequence[str]) -> str:
+    """The error for ``flag`` given for ``version``, which lacks it, though ``versions`` have it."""
+    return (f"{flag} does not exist in Megatron-LM {version} (it exists in {versions_named(versions)}): pass "
+            f"the flags of the Megatron you train with, and --megatron-version to match it")
 
 
 def number_at_least(kind: type, minimum: float):
@@ -110,9 +123,7 @@ def resolve_flags(flags: Sequence[Flag], version: str, given: Mapping) -> dict:
             raise MegacacheError(f"{dest!r} is not one of the Megatron-LM flags megacache reads here "
                                  f"({', '.join(sorted(by_dest))})")
         if not f.exists_in(version):
-            raise MegacacheError(
-                f"{f.names[0]} does not exist in Megatron-LM {version} (it exists in {f.versions}): pass the "
-                f"flags of the Megatron you train with, and --megatron-version to match it")
+            raise MegacacheError(absent_from(version, f.names[0], [v for v in SUPPORTED if f.exists_in(v)]))
     return {f.dest: given.get(f.dest, f.default) for f in flags if f.exists_in(version)}
 
 

@@ -56,7 +56,10 @@ def split_sizes(megatron_version: str | None = None, **flags) -> tuple:
         if isinstance(value, int) and not isinstance(value, bool) and value < 0:
             raise MegacacheError(f"--{dest.replace('_', '-')} must not be negative, got {value}")
     if not gbs and (train_samples is None or eval_iters):
-        raise MegacacheError("--global-batch-size is needed to turn iterations into samples")
+        raise MegacacheError("--global-batch-size is needed to turn iterations into samples: without it training "
+                             "takes --micro-batch-size x the data-parallel size, which depends on the world size "
+                             "and the parallel sizes and which megacache does not compute; give the global batch "
+                             "size training runs with")
     if train_iters is None:  # training derives the iterations from the samples
         train_iters = train_samples // gbs
     train = train_samples if train_samples else train_iters * gbs

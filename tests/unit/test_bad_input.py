@@ -388,7 +388,7 @@ CASES = [
     case("build-flag-removed-in-version",
          lambda w: w.build("--data-path", w.good, "--megatron-version", "0.19.2", "--tokenizer-type",
                            "HuggingFaceTokenizer", "--tokenizer-model", "hf", "--tokenizer-hf-use-fast"),
-         "--tokenizer-hf-use-fast does not exist in Megatron-LM 0.19 (it exists in 0.16 to 0.17)"),
+         "--tokenizer-hf-use-fast does not exist in Megatron-LM 0.19 (it exists in 0.16 and 0.17)"),
     case("build-legacy-tokenizer-after-016",
          lambda w: w.build("--data-path", w.good, "--megatron-version", "0.18", "--legacy-tokenizer"),
          "--legacy-tokenizer does not exist in Megatron-LM 0.18 (it exists in 0.16)"),

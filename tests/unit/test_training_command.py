@@ -1,0 +1,183 @@
+"""``megacache build`` takes a training command as it is: every flag the chosen Megatron-LM version's
+training parser knows (megacache/megatron/training_flags.json, recorded from each version's own
+parser) is accepted, those that decide the caches are used and the rest change nothing; a flag that
+version does not know, an abbreviation, a flag without its values, a value without a flag, and
+flags whose effect megacache does not reproduce are each an error that exits 2 and writes nothing.
+``@FILE`` reads words from FILE as a shell splits them."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import subprocess
+
+import pytest
+
+from megacache.interfaces import cli
+from megacache.megatron.command import REFUSED, flags_of
+from megacache.megatron.tokenizer import TOKENIZER_FLAGS
+from megacache.megatron.training import SIZE_FLAGS
+from megacache.megatron.versions import SUPPORTED
+from support import run_cli
+from support.oracle import write_lengths
+from support.training_command import other_flags, training_command
+
+DATA = ["--data-path", "d", "--seq-length", "8", "--train-iters", "20", "--global-batch-size", "2",
+        "--eval-iters", "2", "--eval-interval", "10", "--split", "90,8,2", "--seed", "7",
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", "100"]
+
+#: build's flags that are megacache's own: no version's training has them (else a training command
+#: would mean something else to megacache)
+MEGACACHE_ONLY = {"-h", "--help", "--bridge-config", "--no-add-extra-token-to-sequence",
+                  "--no-drop-last-partial-validation-sequence", "--rebuild-stale", "--megatron-version",
+                  "--tokenizer-identifiers", "--tokenizer-from-description", "--megatron-python", "--dry-run",
+                  "--json", "--verbose"}
+
+
+def build_flags() -> dict:
+    build = next(a for a in cli.build_parser()._actions if a.dest == "command").choices["build"]
+    return {name: (1 if a.nargs is None else a.nargs) for a in build._actions for name in a.option_strings}
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_lengths("d", [5, 9, 0, 30, 12] * 40)
+    return tmp_path
+
+
+def files(directory: str) -> dict:
+    out = {}
+    for name in sorted(os.listdir(directory)):
+        if name == ".megacache":  # the build's own state: a manifest naming its cache path
+            continue
+        with open(os.path.join(directory, name), "rb") as f:
+            out[name] = hashlib.sha256(f.read()).hexdigest()
+    return out
+
+
+def test_every_tokenizer_and_size_flag_exists_in_the_versions_megacache_says():
+    for f in TOKENIZER_FLAGS + SIZE_FLAGS:
+        for version in SUPPORTED:
+            known = flags_of(version)
+            assert [f.exists_in(version)] * len(f.names) == [n in known for n in f.names], (f.names, version)
+            if f.exists_in(version):
+                assert (known[f.names[0]] == 0) == (f.kind in ("true", "false")), (f.names, version)
+
+
+def test_build_reads_training_flags_as_training_reads_them_and_its_own_are_no_training_flags():
+    every = {name: takes for v in SUPPORTED for name, takes in flags_of(v).items()}
+    own = build_flags()
+    assert {name for name in own if name not in every} == MEGACACHE_ONLY
+    for name, takes in own.items():
+        if name in every:  # megacache takes one or more words where training also takes none
+            assert takes == every[name] or (takes, every[name]) == ("+", "*"), name
+
+
+def test_the_example_command_has_more_than_100_flags_in_every_version():
+    assert all(len(other_flags(v)) >= 100 for v in SUPPORTED)
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_a_whole_training_command_builds_what_its_data_flags_build(version, here, capsys):
+    version_flags = ["--megatron-version", version]
+    assert cli.main(["build", *DATA, *version_flags, "--data-cache-path", "alone"]) == 0
+    command = training_command(version, DATA)
+    assert cli.main(["build", *command, *version_flags, "--data-cache-path", "whole"]) == 0
+    # as a training script holds it: one group to a line, continued with backslashes, commented
+    lines = [shlex.join(command[i:i + 2]) + " \\" for i in range(0, len(command), 2)]
+    (here / "train.args").write_text("# the training command\n" + "\n".join(lines) + "\n")
+    assert cli.main(["build", "@train.args", *version_flags, "--data-cache-path", "file"]) == 0
+    built = files("alone")
+    assert len(built) == 13 and files("whole") == built and files("file") == built  # 12 and the sequences file
+    capsys.readouterr()
+
+
+def test_verbose_lists_the_flags_set_aside(here, capsys):
+    status = cli.main(["build", *DATA, "--num-layers", "2", "--recompute-modules", "core_attn", "mlp", "--bf16",
+                       "--lr=3e-4", "--verbose", "--dry-run", "--megatron-version", "0.19"])
+    assert status == 0
+    assert capsys.readouterr().err == ("megacache build: training flags accepted, which change nothing in the "
+                                       "caches: --num-layers 2 --recompute-modules core_attn mlp --bf16 --lr 3e-4\n")
+
+
+REFUSALS = [
+    (["--hidden-sizee", "4"], "--hidden-sizee is not a flag of Megatron-LM 0.19's training; did you mean "
+                              "--hidden-size, --ffn-hidden-size or --moe-ffn-hidden-size?"),
+    (["--num-layer", "4"], "--num-layer is not a flag of Megatron-LM 0.19's training; flags are not abbreviated "
+                           "(as in Megatron-LM): did you mean --num-layers, --num-layers-at-end-in-bf16, "
+                           "--num-layers-at-start-in-bf16 or --num-layers-per-virtual-pipeline-stage?"),
+    (["--seq", "8"], "--seq is not a flag of Megatron-LM 0.19's training; flags are not abbreviated (as in "
+                     "Megatron-LM): did you mean --seq-length or --sequence-parallel?"),
+    (["--tokenizer-hf-use-fast"], "--tokenizer-hf-use-fast does not exist in Megatron-LM 0.19 (it exists in 0.16 "
+                                  "and 0.17): pass the flags of the Megatron you train with, and --megatron-version "
+                                  "to match it"),
+    (["--num-layers"], "--num-layers takes a value"),
+    (["--bf16=1"], "--bf16 takes no value (got '--bf16=1')"),
+    (["--bf16", "1"], "'1': a value that belongs to no flag"),
+    (["--mock-data"], f"--mock-data cannot be built: {REFUSED['--mock-data']}"),
+    (["--rampup-batch-size", "8", "8", "100"], f"--rampup-batch-size cannot be built: {REFUSED['--rampup-batch-size']}"),
+]
+
+
+@pytest.mark.parametrize("words, message", REFUSALS, ids=[" ".join(w) for w, _ in REFUSALS])
+def test_a_flag_training_would_not_take_exits_2_and_writes_nothing(words, message, here, capsys):
+    before = sorted(os.listdir())
+    status, err = run_cli(["build", *DATA, *words, "--megatron-version", "0.19"], capsys)
+    assert status == 2 and sorted(os.listdir()) == before
+    assert err.endswith(f"megacache build: error: {message}\n")
+
+
+def test_a_flag_of_a_newer_version_names_the_versions_that_have_it(here, capsys):
+    status, err = run_cli(["build", *DATA, "--prepare-cache-world-size", "8", "--megatron-version", "0.17"], capsys)
+    assert status == 2
+    assert err.endswith("megacache build: error: --prepare-cache-world-size does not exist in Megatron-LM 0.17 (it "
+                        "exists in 0.18 to 0.20): pass the flags of the Megatron you train with, and "
+                        "--megatron-version to match it\n")
+
+
+def test_encoder_seq_length_stands_for_seq_length_and_not_beside_it(here, capsys):
+    data = [w for w in DATA if w not in ("--seq-length", "8")] + ["--megatron-version", "0.19"]
+    assert cli.main(["build", *data, "--encoder-seq-length", "8", "--data-cache-path", "encoder"]) == 0
+    assert cli.main(["build", *data, "--seq-length", "8", "--data-cache-path", "seq"]) == 0
+    assert files("encoder") == files("seq")
+    capsys.readouterr()
+    status, err = run_cli(["build", *data, "--seq-length", "8", "--encoder-seq-length", "8"], capsys)
+    assert status == 2
+    assert err == "megacache build: error: give --seq-length or --encoder-seq-length, not both (Megatron-LM asserts)\n"
+
+
+def test_argument_files_read_as_a_shell_splits_and_may_nest(tmp_path):
+    parser = cli.build_parser()
+    (tmp_path / "inner").write_text("--lr 3e-4  # a comment\n")
+    (tmp_path / "outer").write_text(f"--split '90, 8, 2' \\\n  --bf16\n@{tmp_path / 'inner'}\n")
+    words = cli.with_argument_files(["build", f"@{tmp_path / 'outer'}", "--seed", "3"], parser)
+    assert words == ["build", "--split", "90, 8, 2", "--bf16", "--lr", "3e-4", "--seed", "3"]
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "cannot read the file of arguments (No such file or directory)"),
+    ("--split '90, 8\n", "cannot split it into words as a shell would (No closing quotation)"),
+    ("@SELF\n", "read again from within itself"),
+])
+def test_an_argument_file_that_cannot_be_read_exits_2_naming_it(content, message, tmp_path, capsys):
+    path = tmp_path / "args"
+    if content is not None:
+        path.write_text(content.replace("SELF", str(path)))
+    status, err = run_cli(["build", f"@{path}"], capsys)
+    assert status == 2 and err.endswith(f"megacache: error: @{path}: {message}\n")
+
+
+def test_the_readme_training_command_is_taken_as_it_is(capsys):
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
+    assignment = readme[readme.index("TRAIN_ARGS=("):]
+    assignment = assignment[:assignment.index(")\n") + 1]
+    done = subprocess.run(["bash", "-c", f'{assignment}\nprintf "%s\\0" "${{TRAIN_ARGS[@]}}"'], capture_output=True,
+                          text=True, check=True)
+    words = done.stdout.split("\0")[:-1]
+    assert len(words) == 39
+    status, err = run_cli(["build", "--megatron-version", "0.19", *words, "--dry-run"], capsys)
+    # every flag taken: what stops it is the dataset, which is not on this machine
+    assert status == 2 and err == ("megacache build: error: /data/tok/corpus_text_document.idx: index file not found "
+                                   "(give each prefix as training gets it: the path without .idx/.bin)\n")
