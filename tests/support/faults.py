@@ -28,6 +28,13 @@ def final_files(directory: str) -> dict[str, bytes]:
     return found
 
 
+def settled_files(directory: str, caching_s: float) -> dict[str, bytes]:
+    """``final_files`` as this client sees them once what it cached before another node changed
+    them has expired (its clients cache entries and attributes for ``caching_s``)."""
+    time.sleep(caching_s + 0.5)
+    return final_files(directory)
+
+
 def current_phases(directory: str, rank: int | None = None) -> set[str]:
     """The phases the ranks' records in ``directory`` show now (records are JSON, rewritten by
     rename): every rank's, or ``rank``'s alone."""
