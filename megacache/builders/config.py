@@ -56,7 +56,8 @@ class BuildConfig:
         """A configuration from the flags a Megatron-LM run is given, as keywords in snake case: the
         tokenizer's (``tokenizer_type``, ``tokenizer_model``, ``vocab_size``, ...) and the training
         loop's that size the splits (``train_samples`` or ``train_iters``, ``global_batch_size``,
-        ``eval_iters``, ``eval_interval``, ...). The megatron-core version is resolved once, as
+        ``eval_iters``, ``eval_interval``, ...; ``world_size``, the ranks training runs on, where
+        ``micro_batch_size`` gives the global batch). The megatron-core version is resolved once, as
         ``megatron_version`` says (else the installed one's), or asked of the interpreter
         ``megatron_python`` together with the tokenizer identity (``megatron.interpreter``); the
         sizes and the identity follow it. ``fields``: the rest (``blend``, ``split``, ``seq_length``,

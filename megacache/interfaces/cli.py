@@ -324,7 +324,7 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
         if warning and comm.rank == 0:
             print(f"megacache build: warning: {warning}", file=sys.stderr, flush=True)
     version, tokenizer = _tokenizer_ids(args, comm)
-    sizes = split_sizes(version, **given_flags(args, SIZE_FLAGS))
+    sizes = split_sizes(version, args.prepare_cache_world_size, **given_flags(args, SIZE_FLAGS))
     return BuildConfig(seq_length=seq_length, sizes=sizes, tokenizer=tokenizer,
                        megatron_version=version, blend=blend,
                        blend_per_split=per_split, split=split, seed=DEFAULT_SEED if args.seed is None else args.seed,
@@ -351,7 +351,7 @@ _MEGATRON_LM_RUN = ("data_path", "data_args_path", "train_data_path", "valid_dat
                     "mid_level_dataset_surplus", "no_add_extra_token_to_sequence",
                     "no_drop_last_partial_validation_sequence", "per_dataset_sequences_path", "tokenizer_identifiers",
                     "tokenizer_from_description", "megatron_python", "dataloader_fast_cache_load",
-                    "dataloader_defer_npy_index_mmap")
+                    "dataloader_defer_npy_index_mmap", "prepare_cache_world_size")
 
 
 def _bridge_config(args: argparse.Namespace, comm: Comm):
@@ -720,7 +720,11 @@ def build_parser() -> argparse.ArgumentParser:
                                              "need it: Megatron caches blends only there)")
     p.add_argument("--mid-level-dataset-surplus", type=amount,
                    help=f"extra samples each blended dataset is built with (default {DEFAULT_SURPLUS})")
-    add_flags(p.add_argument_group("samples per split (Megatron-LM's training flags)"), SIZE_FLAGS)
+    g = p.add_argument_group("samples per split (Megatron-LM's training flags)")
+    add_flags(g, SIZE_FLAGS)
+    g.add_argument("--prepare-cache-world-size", type=positive, metavar="N",
+                   help="the ranks training runs on, as Megatron-LM's tools/prepare_cache.py takes it: with "
+                        "--micro-batch-size, the global batch when --global-batch-size is not given")
     g = p.add_argument_group("Megatron-LM loading flags (accepted; the cache is the same with or without them)")
     g.add_argument("--dataloader-fast-cache-load", action="store_true")
     g.add_argument("--dataloader-defer-npy-index-mmap", action="store_true")

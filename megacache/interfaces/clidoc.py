@@ -36,7 +36,10 @@ def _words(action: argparse.Action) -> str:
     """The flag (or positional) as typed: its spellings and its value's metavar."""
     name = " / ".join(action.option_strings)
     m = _metavar(action)
-    value = {None: m, "?": f"[{m}]", "*": f"[{m} ...]", "+": f"{m} [{m} ...]", 0: ""}[action.nargs]
+    if isinstance(m, tuple):  # a metavar for each of a fixed number of values
+        value = " ".join(m)
+    else:
+        value = {None: m, "?": f"[{m}]", "*": f"[{m} ...]", "+": f"{m} [{m} ...]", 0: ""}[action.nargs]
     return " ".join(filter(None, (name, value)))
 
 

@@ -31,14 +31,10 @@ REFUSED = {
     "--fim-data": "fill-in-the-middle datasets are not GPTDataset caches (tools/prepare_cache.py refuses it too)",
     "--multiple-validation-sets": "training then builds one validation dataset per blend entry, which megacache "
                                   "does not",
-    "--rampup-batch-size": "a batch-size ramp-up changes how many iterations, and so how many validation samples, "
-                           "training asks for, which megacache does not compute yet",
     "--step-batch-size-schedule": "a batch-size schedule changes how many iterations, and so how many validation "
                                   "samples, training asks for (tools/prepare_cache.py refuses it too)",
     "--phase-transition-iterations": "training then asks for the samples of the current phase, which depends on "
                                      "the iteration its checkpoint resumes at",
-    "--decrease-batch-size-if-needed": "it changes --global-batch-size by the data-parallel size, which megacache "
-                                       "does not compute yet: give the global batch size training ends up with",
     "--yaml-cfg": "megacache does not read Megatron's YAML configuration yet: give its flags on the command line",
 }
 

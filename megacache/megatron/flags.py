@@ -27,6 +27,8 @@ class Flag:
     #: where no value outside them works in Megatron-LM either; checked when the flag is parsed
     minimum: int | None = None
     choices: tuple[str, ...] | None = None
+    #: a "list" flag's names for its values, where it takes exactly so many (None: one or more values)
+    values: tuple[str, ...] | None = None
 
     @property
     def dest(self) -> str:
@@ -89,7 +91,9 @@ def add_flags(group, flags: Sequence[Flag], defaults: bool = False) -> None:
             if f.choices:
                 kw["choices"] = f.choices
             if f.kind == "list":
-                kw["nargs"] = "+"
+                kw["nargs"] = len(f.values) if f.values else "+"
+                if f.values:
+                    kw["metavar"] = f.values
         group.add_argument(*f.names, **kw)
 
 

@@ -21,10 +21,10 @@ MODEL = """
 --no-position-embedding --attention-backend auto
 """
 OPTIMIZER = """
---micro-batch-size 1 --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-iters 2
---lr-decay-iters 40 --weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --clip-grad 1.0
+--micro-batch-size 1 --lr 3.0e-4 --min-lr 3.0e-5 --lr-decay-style cosine --lr-warmup-fraction 0.01
+--weight-decay 0.1 --adam-beta1 0.9 --adam-beta2 0.95 --adam-eps 1e-8 --clip-grad 1.0
 --optimizer adam --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
---start-weight-decay 0.1 --end-weight-decay 0.1 --weight-decay-incr-style constant --loss-scale-window 1000
+--weight-decay-incr-style constant --loss-scale-window 1000
 --initial-loss-scale 65536 --min-loss-scale 1.0 --hysteresis 2 --accumulate-allreduce-grads-in-fp32
 """
 PARALLEL = """

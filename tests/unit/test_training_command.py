@@ -14,10 +14,11 @@ import subprocess
 
 import pytest
 
+from megacache.errors import MegacacheError
 from megacache.interfaces import cli
 from megacache.megatron.command import REFUSED, flags_of
 from megacache.megatron.tokenizer import TOKENIZER_FLAGS
-from megacache.megatron.training import SIZE_FLAGS
+from megacache.megatron.training import SIZE_FLAGS, split_sizes
 from megacache.megatron.versions import SUPPORTED
 from support import run_cli
 from support.oracle import write_lengths
@@ -117,7 +118,8 @@ REFUSALS = [
     (["--bf16=1"], "--bf16 takes no value (got '--bf16=1')"),
     (["--bf16", "1"], "'1': a value that belongs to no flag"),
     (["--mock-data"], f"--mock-data cannot be built: {REFUSED['--mock-data']}"),
-    (["--rampup-batch-size", "8", "8", "100"], f"--rampup-batch-size cannot be built: {REFUSED['--rampup-batch-size']}"),
+    (["--step-batch-size-schedule", "0:8"], "--step-batch-size-schedule cannot be built: "
+                                            f"{REFUSED['--step-batch-size-schedule']}"),
 ]
 
 
@@ -130,9 +132,9 @@ def test_a_flag_training_would_not_take_exits_2_and_writes_nothing(words, messag
 
 
 def test_a_flag_of_a_newer_version_names_the_versions_that_have_it(here, capsys):
-    status, err = run_cli(["build", *DATA, "--prepare-cache-world-size", "8", "--megatron-version", "0.17"], capsys)
+    status, err = run_cli(["build", *DATA, "--eval-micro-batch-size", "8", "--megatron-version", "0.17"], capsys)
     assert status == 2
-    assert err.endswith("megacache build: error: --prepare-cache-world-size does not exist in Megatron-LM 0.17 (it "
+    assert err.endswith("megacache build: error: --eval-micro-batch-size does not exist in Megatron-LM 0.17 (it "
                         "exists in 0.18 to 0.20): pass the flags of the Megatron you train with, and "
                         "--megatron-version to match it\n")
 
@@ -181,3 +183,17 @@ def test_the_readme_training_command_is_taken_as_it_is(capsys):
     # every flag taken: what stops it is the dataset, which is not on this machine
     assert status == 2 and err == ("megacache build: error: /data/tok/corpus_text_document.idx: index file not found "
                                    "(give each prefix as training gets it: the path without .idx/.bin)\n")
+
+
+def test_the_global_batch_comes_from_the_world_size_as_validate_args_takes_it():
+    flags = dict(train_iters=10, eval_iters=1, eval_interval=5, micro_batch_size=2, tensor_model_parallel_size=2,
+                 pipeline_model_parallel_size=2)
+    assert split_sizes("0.18", 16, **flags) == (10 * 8, 3 * 8, 8)  # data-parallel size 16 / (2 x 2) = 4
+    # from 0.19 on, weight shards over tensor-parallel ranks are one more factor of the model
+    assert split_sizes("0.19", 16, tensor_parallel_num_weight_shards=4, **flags) == (10 * 4, 3 * 4, 4)
+    with pytest.raises(MegacacheError, match="give --prepare-cache-world-size N"):
+        split_sizes("0.19", None, **flags)
+    with pytest.raises(MegacacheError, match=r"the world size 6 is not divisible by the model-parallel size 4 "):
+        split_sizes("0.19", 6, **flags)
+    with pytest.raises(MegacacheError, match="--tensor-parallel-num-weight-shards 3 must be a multiple of "):
+        split_sizes("0.19", 16, tensor_parallel_num_weight_shards=3, **flags)
