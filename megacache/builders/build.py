@@ -51,7 +51,7 @@ from .publish import manifest_path, read_manifest, updated_manifest, write_manif
 CACHE_LOCK = "cache"
 
 
-@dataclass
+@dataclass(repr=False)
 class BuildResult:
     gpt: list[GPTTask]
     blends: list[BlendTask]
@@ -60,6 +60,22 @@ class BuildResult:
     megatron_version: str
     phases: dict[str, float] = field(default_factory=dict)
     sequences_path: str | None = None   # Megatron's per-dataset sequences file, when written
+
+    @property
+    def prefixes(self) -> list[str]:
+        """The datasets built for, in order, each once."""
+        return list(dict.fromkeys(j.data_path for j in self.gpt))
+
+    def headline(self) -> str:
+        """What was built, in one line."""
+        entries = len(self.gpt) + len(self.blends)
+        reused = sum(j.reused for j in self.gpt) + sum(b.reused for b in self.blends)
+        return (f"{len(self.prefixes)} dataset(s), {len(self.gpt)} GPTDataset and {len(self.blends)} BlendedDataset "
+                f"cache entries ({entries - reused} built, {reused} already there) for megatron-core "
+                f"{self.megatron_version} in {self.seconds:.1f} s on {self.ranks} rank(s)")
+
+    def __repr__(self) -> str:
+        return f"BuildResult({self.headline()})"
 
 
 # ---------------------------------------------------------------------------------------------

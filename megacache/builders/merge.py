@@ -66,7 +66,7 @@ class Chunk:
     token_start: int = 0  # where doc_start begins, in tokens (an OLMo file's chunk: no index says)
 
 
-@dataclass
+@dataclass(repr=False)
 class MergeResult:
     output: str
     documents: int
@@ -80,6 +80,11 @@ class MergeResult:
     loss_masks_dropped: bool = False  # some masked tokens were written without their mask (--drop-loss-mask)
     unterminated: int = 0  # OLMo inputs whose last document has no EOS (kept as a document all the same)
     outputs: list[str] = field(default_factory=list)  # the datasets written: ``output``, or its --max-size parts
+
+    def __repr__(self) -> str:
+        written = self.output if len(self.outputs) <= 1 else f"{len(self.outputs)} datasets {self.outputs[0]} ..."
+        return (f"MergeResult({self.inputs} dataset(s) -> {written}: {self.documents:,} documents, "
+                f"{self.tokens:,} tokens, in {self.seconds:.1f} s on {self.ranks} rank(s))")
 
 
 def _check_inputs(inputs: list[str], outputs: list[str], verb: str) -> None:

@@ -97,7 +97,7 @@ class TokenizeConfig:
         return os.path.join(head, f".{tail}.megacache-work")
 
 
-@dataclass
+@dataclass(repr=False)
 class TokenizeResult:
     outputs: dict[str, str]          # key -> dataset prefix
     documents: int                   # per key (identical for every key)
@@ -115,6 +115,11 @@ class TokenizeResult:
     checked_documents: int           # documents the guard encoded again with the reference
     disagreements: list[str]         # units the fast backend got wrong (redone with the reference)
     stage_seconds: dict[str, float]  # STAGES summed over the units tokenized now
+
+    def __repr__(self) -> str:
+        return (f"TokenizeResult({', '.join(self.outputs.values())}: {self.documents:,} documents, "
+                f"{sum(self.tokens.values()):,} tokens, {self.units} units ({self.units_reused} reused), "
+                f"{self.bad_count} bad records skipped, in {self.seconds:.1f} s on {self.ranks} rank(s))")
 
 
 def _load_tokenizer(cfg: TokenizeConfig, threads: int) -> Tokenizer:

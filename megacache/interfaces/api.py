@@ -60,10 +60,14 @@ def open_cache(cfg: BuildConfig, pad_id: int = NO_PAD) -> dict[str, GPTSamples |
     return {name: opened[name] for name in ("train", "valid", "test") if name in opened}
 
 
-@dataclass
+@dataclass(repr=False)
 class PreparedCache:
     splits: dict                        # as open_cache returns them
     built: BuildResult | None           # None: the cache was there and was only opened
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(f"{name} {len(samples):,} samples" for name, samples in self.splits.items())
+        return f"PreparedCache({sizes}; {'already there: opened' if self.built is None else self.built.headline()})"
 
 
 def prepare_cache(cfg: BuildConfig, timeout_s: float = 3600.0, pad_id: int = NO_PAD) -> PreparedCache:

@@ -272,13 +272,8 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     result = build(cfg, comm)
     if comm.rank != 0:
         return
-    prefixes = list(dict.fromkeys(j.data_path for j in result.gpt))
-    reused = sum(j.reused for j in result.gpt) + sum(b.reused for b in result.blends)
-    built = len(result.gpt) + len(result.blends) - reused
-    print(f"megacache build: {len(prefixes)} dataset(s), {len(result.gpt)} GPTDataset and {len(result.blends)} "
-          f"BlendedDataset cache entries ({built} built, {reused} already there) for megatron-core "
-          f"{result.megatron_version} "
-          f"in {result.seconds:.1f} s on {result.ranks} rank(s)", flush=True)
+    prefixes = result.prefixes
+    print(f"megacache build: {result.headline()}", flush=True)
     detailed = args.verbose or len(prefixes) <= 8
     for prefix in prefixes if detailed else []:
         jobs = [j for j in result.gpt if j.data_path == prefix]
@@ -287,6 +282,8 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
             print(j.summary, flush=True)
             if args.verbose:
                 print(j.entry.description, flush=True)
+    if result.blends:  # a section of its own: the blends draw on all the datasets above
+        print(f"blends: cache {result.blends[0].entry.directory}", flush=True)
     for b in result.blends:
         print(b.summary, flush=True)
         if args.verbose:
