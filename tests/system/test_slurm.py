@@ -1,11 +1,13 @@
-"""The Slurm prebuild job for real: ``sbatch --wait slurm/prebuild.sbatch`` on a running Slurm (one
-node here, started by slurm/start_single_node.sh) tokenizes a corpus and builds its cache with 2
-MPI ranks under ``srun --mpi=pmi2``, and the cache equals a plain one-rank build byte for byte."""
+"""The Slurm prebuild job for real, on a running Slurm (one node here, started by
+slurm/start_single_node.sh): the README's example, run as written, tokenizes the sample corpus and
+builds the caches its training command asks for with 2 MPI ranks under ``srun --mpi=pmi2``, equal
+byte for byte to a plain one-rank build; and scancel stops a job that a resubmission resumes."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -17,9 +19,8 @@ from support import without_mpi
 
 REPO = Path(__file__).resolve().parents[2]
 START = "run slurm/start_single_node.sh (as root) to install and start a one-node Slurm"
-# The sample job's build flags (tests/sample_job.sh, the README's first command), with a split that
-# leaves every split non-empty for 400 documents; its spaces check that BUILD_ARGS keeps a quoted
-# argument whole on its way through the batch script.
+# The sample job's build flags (tests/sample_job.sh, the README's first command), and a split whose
+# spaces check that TRAIN_ARGS keeps a quoted argument whole on its way through the batch script.
 SPLIT = "90, 5, 5"
 BUILD_FLAGS = ["--seq-length", "256", "--train-iters", "500", "--global-batch-size", "8", "--eval-iters", "5",
                "--eval-interval", "100", "--tokenizer-type", "NullTokenizer", "--vocab-size", "257"]
@@ -51,9 +52,9 @@ def sbatch_wait(args: list[str], env: dict, timeout_s: int = 180) -> subprocess.
                     f"is the node busy, or slurmd down? {START}")
 
 
-def megacache(*args: str, env: dict) -> subprocess.CompletedProcess:
+def megacache(*args: str, env: dict, cwd=None) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "megacache", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=cwd)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
@@ -62,46 +63,57 @@ def read_dir(path: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(path.iterdir()) if p.is_file()}  # not megacache's state directory
 
 
-def test_prebuild_job_under_sbatch_equals_a_single_rank_build(tmp_path, compiled_kernels):
+def readme_example() -> str:
+    """The README's Slurm example: the shell block of its "Under Slurm" section."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Under Slurm"):]
+    return section[section.index("```bash\n") + 8:section.index("\n```\n")]
+
+
+def wait_for_job(job_id: str, timeout_s: int = 240) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True).stdout.strip():
+        if time.monotonic() > deadline:
+            subprocess.run(["scancel", job_id], timeout=30)
+            pytest.fail(f"Slurm job {job_id} did not finish in {timeout_s} s: is the node busy, or slurmd down? {START}")
+        time.sleep(0.5)
+
+
+def test_the_readme_example_runs_as_written_and_equals_a_single_rank_build(tmp_path, compiled_kernels):
     require_slurm()
-    # The job imports this checkout's megacache, and runs as a plain Slurm job, not inside any
-    # launcher this test might run under.
+    # The job runs this checkout's megacache as a plain Slurm job, not inside any launcher this test
+    # may run under; the example runs from a folder holding the repository's slurm/ (as its own does).
     env = without_mpi(dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    corpus, prefix, cache, log = tmp_path / "corpus", tmp_path / "tok", tmp_path / "cache", tmp_path / "job.out"
-    megacache("sample-corpus", "--output-dir", str(corpus), "--files", "2", "--documents", "200", env=env)
-
-    # Knobs go through the environment and --export=ALL: values with commas would not survive
-    # sbatch's own --export=NAME=value list.
-    env.update(INPUT=str(corpus), OUTPUT_PREFIX=str(prefix), DATA_CACHE_PATH=str(cache),
-               BUILD_ARGS=f"--split '{SPLIT}' " + " ".join(BUILD_FLAGS), VERIFY_ARGS="--vocab-size 257",
-               MEGACACHE=f"{sys.executable} -m megacache", MEGACACHE_KERNEL_DIR=compiled_kernels)
-    job = sbatch_wait(["--export=ALL", f"--chdir={tmp_path}", f"--output={log}", "--time=00:02:00",
-                       str(REPO / "slurm" / "prebuild.sbatch")], env=env)
-    output = log.read_text() if log.exists() else "(no job output file)"
-    assert job.returncode == 0, job.stdout + job.stderr + output
+    env["PATH"] = os.pathsep.join((os.path.dirname(sys.executable), env["PATH"]))
+    env["MEGACACHE_KERNEL_DIR"] = compiled_kernels
+    (tmp_path / "slurm").symlink_to(REPO / "slurm")
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", readme_example()], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    job_id = re.fullmatch(r"Submitted batch job (\d+)\n", done.stdout.splitlines(keepends=True)[-1]).group(1)
+    wait_for_job(job_id)
+    output = (tmp_path / f"megacache-prebuild-{job_id}.out").read_text()
 
     assert "megacache kernels: already compiled for this CPU" in output, output
     # The three srun steps (tokenize, build, verify) each ran as one 2-rank MPI job (two singletons
     # would each report 1 rank).
     assert output.count("on 2 rank(s)") == 3, output
     assert "on 1 rank(s)" not in output, output
-    data_path = f"{prefix}_text_document"
-    assert f"ok   {data_path}: 400 documents" in output, output
-    assert Path(data_path + ".bin").stat().st_size > 0 and Path(data_path + ".idx").stat().st_size > 0
-    megacache("verify", data_path, "--vocab-size", "257", env=env)
-
-    built = read_dir(cache)
+    data_path = "tok/corpus_text_document"
+    assert f"ok   {data_path}: " in output, output
+    built = read_dir(tmp_path / "cache")
     for split in ("train", "valid", "test"):
         names = sorted(n for n in built if f"-GPTDataset-{split}-" in n)
         assert [n.split("-", 3)[3] for n in names] == ["description.txt", "document_index.npy",
                                                          "sample_index.npy", "shuffle_index.npy"], names
     assert len(built) == 13 and "sequences_per_dataset.json" in built, sorted(built)  # 12 entry files
 
-    single_cache = tmp_path / "cache_single_rank"
-    megacache("build", "--data-path", data_path, "--split", SPLIT, *BUILD_FLAGS,
-              "--data-cache-path", str(single_cache), env=env)
-    single = read_dir(single_cache)
+    # the same command on one rank, given as the training command is: the same bytes
+    megacache("build", "@train.args", "--data-cache-path", "single", env=env, cwd=tmp_path)
+    single = read_dir(tmp_path / "single")
     assert sorted(single) == sorted(built)
     assert [n for n in built if built[n] != single[n]] == []
 
@@ -120,8 +132,9 @@ def test_scancel_stops_the_prebuild_job_and_a_resubmitted_job_resumes(tmp_path, 
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     corpus, prefix, cache = tmp_path / "corpus", tmp_path / "tok", tmp_path / "cache"
     megacache("sample-corpus", "--output-dir", str(corpus), "--files", "8", "--documents", "6000", env=env)
-    env.update(INPUT=str(corpus), OUTPUT_PREFIX=str(prefix), DATA_CACHE_PATH=str(cache),
-               TOKENIZE_ARGS="--append-eod --unit-bytes 32K", BUILD_ARGS=" ".join(BUILD_FLAGS),
+    env.update(INPUT=str(corpus), OUTPUT_PREFIX=str(prefix), TOKENIZE_ARGS="--append-eod --unit-bytes 32K",
+               TRAIN_ARGS=shlex.join(["--data-path", f"{prefix}_text_document", "--data-cache-path", str(cache),
+                                      "--split", SPLIT, *BUILD_FLAGS]),
                VERIFY_ARGS="--vocab-size 257", MEGACACHE=f"{sys.executable} -m megacache",
                MEGACACHE_KERNEL_DIR=compiled_kernels)
     batch = ["--export=ALL", f"--chdir={tmp_path}", "--time=00:02:00", str(REPO / "slurm" / "prebuild.sbatch")]
