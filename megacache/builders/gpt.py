@@ -47,6 +47,7 @@ from ..runtime.comm import Comm
 from ..algorithms.checks import integer
 from ..errors import MegacacheError
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
+from ..megatron.training import DEFAULT_SEED
 from .publish import publish_entries, write_description
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_pieces, write_npy
@@ -75,7 +76,7 @@ class GPTSettings:
 
     seq_length: int
     tokenizer: dict                     # the tokenizer's unique_identifiers (hashed)
-    seed: int = 1234
+    seed: int = DEFAULT_SEED
     cache_dir: str | None = None        # None: Megatron's <prefix>/cache/GPTDataset_indices per prefix
     add_extra_token: bool = True
     drop_last_partial_validation: bool = True

@@ -63,6 +63,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..algorithms.blend_sizes import DEFAULT_SURPLUS
 from ..errors import MegacacheError
 from .blends import Blend, parse_blend
 from .tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
@@ -229,7 +230,7 @@ def _read(root: _Section, megatron_version: str | None) -> BridgeData:
     sizes = split_sizes(train, root.section("validation", required=False))
     _check_schedule(train, root.section("scheduler", required=False))
     ids, flags = tokenizer_ids(root.section("tokenizer"), version)
-    surplus = dataset.get("mid_level_dataset_surplus", 0.005)
+    surplus = dataset.get("mid_level_dataset_surplus", DEFAULT_SURPLUS)
     if isinstance(surplus, bool) or not isinstance(surplus, (int, float)):
         raise MegacacheError(f"{dataset.field('mid_level_dataset_surplus')}: expected a number, got {surplus!r}")
     sequences_path = dataset.get("per_dataset_sequences_path")
