@@ -163,17 +163,14 @@ def run_megatron(spec: dict, marks: dict, window) -> dict:
 def megacache_config(spec: dict):
     """The BuildConfig of the same flags, made as a user makes it from training's flags."""
     from megacache.interfaces.api import BuildConfig
-    from megacache.megatron.blends import blend_from_flags
 
-    if spec["layout"] == "split":
-        blend, per_split = blend_from_flags(data_args_path=spec["data_args_path"])
-    else:
-        blend, per_split = blend_from_flags(per_split_data_args_path=spec["per_split_data_args_path"])
+    data = ({"data_args_path": spec["data_args_path"], "split": spec["split"]} if spec["layout"] == "split" else
+            {"per_split_data_args_path": spec["per_split_data_args_path"]})
     return BuildConfig.from_megatron_flags(
-        tokenizer={"tokenizer_type": "NullTokenizer", "vocab_size": spec["vocab_size"]},
-        training=spec["training"], megatron_version=spec["megatron_version"], blend=blend, blend_per_split=per_split,
-        split=spec["split"] if blend is not None else None, seed=spec["seed"], seq_length=spec["seq_length"],
-        cache_dir=spec["cache"], surplus=spec["surplus"])
+        {**data, "seed": spec["seed"], "seq_length": spec["seq_length"], "data_cache_path": spec["cache"],
+         "mid_level_dataset_surplus": spec["surplus"], "tokenizer_type": "NullTokenizer",
+         "vocab_size": spec["vocab_size"], **spec["training"]},
+        megatron_version=spec["megatron_version"])
 
 
 def run_megacache(spec: dict, marks: dict, window) -> dict:

@@ -4,14 +4,26 @@ Megatron-Bridge configuration."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..algorithms.blend_chunks import DEFAULT_WARMUP
 from ..algorithms.blend_sizes import DEFAULT_SURPLUS
+from ..errors import MegacacheError
 from ..runtime.log import LOG
 from ..megatron.blends import Blend
-from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT
+from ..megatron.tokenizer import TOKENIZER_FLAGS
+from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT, SIZE_FLAGS
 from .gpt import GPTSettings
+
+#: the Megatron-LM flags a build reads, by their names in Megatron's parsed arguments: the data's
+#: (``megatron.blends``), the sizes' (``megatron.training.SIZE_FLAGS``) and the tokenizer's
+#: (``megatron.tokenizer.TOKENIZER_FLAGS``)
+DATA_FLAGS = ("data_path", "data_args_path", "train_data_path", "valid_data_path", "test_data_path",
+              "per_split_data_args_path", "split", "seq_length", "encoder_seq_length", "seed", "data_cache_path",
+              "mid_level_dataset_surplus", "per_dataset_sequences_path", "dataloader_fast_cache_load",
+              "dataloader_defer_npy_index_mmap")
+MEGATRON_FLAGS = DATA_FLAGS + tuple(f.dest for f in SIZE_FLAGS + TOKENIZER_FLAGS)
 
 #: samples blended in memory per block (BuildConfig.blend_block): 2.5 MB of buffers. Larger blocks
 #: gain nothing (a block's fixed cost is already small beside its blending) and their fresh pages
@@ -51,27 +63,82 @@ class BuildConfig:
     sequences_path: str | None = None
 
     @classmethod
-    def from_megatron_flags(cls, tokenizer: dict, training: dict, megatron_version: str | None = None,
-                            megatron_python: str | None = None, **fields) -> "BuildConfig":
-        """A configuration from the flags a Megatron-LM run is given, as keywords in snake case: the
-        tokenizer's (``tokenizer_type``, ``tokenizer_model``, ``vocab_size``, ...) and the training
-        loop's that size the splits (``train_samples`` or ``train_iters``, ``global_batch_size``,
-        ``eval_iters``, ``eval_interval``, ...; ``world_size``, the ranks training runs on, where
-        ``micro_batch_size`` gives the global batch). The megatron-core version is resolved once, as
-        ``megatron_version`` says (else the installed one's), or asked of the interpreter
-        ``megatron_python`` together with the tokenizer identity (``megatron.interpreter``); the
-        sizes and the identity follow it. ``fields``: the rest (``blend``, ``split``, ``seq_length``,
-        ``seed``, ``cache_dir``, ...)."""
-        from ..megatron.flags import without_defaults
+    def from_megatron_flags(cls, flags: Mapping, megatron_version: str | None = None,
+                            megatron_python: str | None = None, world_size: int | None = None,
+                            comm=None, report=None, **fields) -> "BuildConfig":
+        """The build a Megatron-LM training run's flags ask for: ``flags`` are those the run is
+        given, by their names in Megatron's parsed arguments (``data_path`` as a list of words,
+        ``split``, ``seq_length``, ``seed``, ``data_cache_path``, the sizes' ``train_iters``,
+        ``global_batch_size``, ..., the tokenizer's ``tokenizer_type``, ``tokenizer_model``, ...;
+        ``MEGATRON_FLAGS`` lists them), each read as that version's training reads it. The
+        megatron-core version is resolved once, as ``megatron_version`` says (else the installed
+        one's), or asked of the interpreter ``megatron_python`` with the tokenizer identity
+        (``megatron.interpreter``); ``world_size``: the ranks training runs on, where
+        ``micro_batch_size`` gives the global batch. ``comm``: the job whose one process looks at
+        the datasets and derives the identity for all; ``report(kind, text)`` gets the warnings and
+        notes ("warning", "note"; default: the megacache logger). ``fields``: megacache's own
+        settings (``rebuild_stale``, ``add_extra_token``, ..., or ``tokenizer``: the identity
+        itself, instead of the one the tokenizer flags give)."""
+        from ..algorithms.splits import check_split_string
+        from ..megatron.blends import blend_from_flags
+        from ..megatron.flags import resolve_flags
         from ..megatron.interpreter import identity
         from ..megatron.tokenizer import TOKENIZER_FLAGS
-        from ..megatron.training import split_sizes
+        from ..megatron.training import SIZE_FLAGS, split_sizes
+        from ..megatron.versions import resolve
+        from ..runtime.comm import SingleComm
 
-        found = identity(without_defaults(TOKENIZER_FLAGS, tokenizer), megatron_version, megatron_python)
-        if found.note:
-            LOG.warning(f"megacache: note: {found.note}")
-        return cls(sizes=split_sizes(found.version, **training), tokenizer=found.identifiers,
-                   megatron_version=found.version, **fields)
+        comm = comm or SingleComm()
+        unknown = sorted(set(flags) - set(MEGATRON_FLAGS))
+        if unknown:
+            raise MegacacheError(f"not Megatron-LM flags a build reads: {', '.join(unknown)} (they are "
+                                 f"{', '.join(MEGATRON_FLAGS)})")
+        flags = {k: v for k, v in flags.items() if v is not None and v is not False}
+        if report is None:
+            report = lambda kind, text: LOG.warning(f"megacache: {kind}: {text}")  # noqa: E731
+        blend, per_split = blend_from_flags(flags.get("data_path"), flags.get("data_args_path"),
+                                            tuple(flags.get(f"{s}_data_path") for s in ("train", "valid", "test")),
+                                            flags.get("per_split_data_args_path"))
+        if flags.get("dataloader_fast_cache_load") and not per_split:
+            raise MegacacheError("--dataloader-fast-cache-load and --data-path cannot be used together (megatron-core "
+                                 "asserts): give the data per split (--per-split-data-args-path or "
+                                 "--train/valid/test-data-path)")
+        check_datasets(blend, per_split, comm)  # the most basic problem first
+        if "seq_length" in flags and "encoder_seq_length" in flags:
+            raise MegacacheError("give --seq-length or --encoder-seq-length, not both (Megatron-LM asserts)")
+        seq_length = flags.get("seq_length", flags.get("encoder_seq_length"))
+        if seq_length is None:
+            raise MegacacheError("--seq-length is required (training's sequence length: it is hashed)")
+        split = flags.get("split", None if per_split else DEFAULT_SPLIT)
+        if "split" in flags and not per_split:  # with per-split data, --split is refused as it is
+            warning = check_split_string(flags["split"])
+            if warning and comm.rank == 0:
+                report("warning", warning)
+        tokenizer_flags = {f.dest: flags[f.dest] for f in TOKENIZER_FLAGS if f.dest in flags}
+        if "tokenizer" in fields:
+            if megatron_python:
+                raise MegacacheError("--megatron-python asks your Megatron for the tokenizer identity: give it the "
+                                     "tokenizer flags, not the identity itself")
+            version = resolve(megatron_version)
+            resolve_flags(TOKENIZER_FLAGS, version, tokenizer_flags)  # a flag the version lacks is an error
+            tokenizer = fields.pop("tokenizer")
+        else:
+            if not tokenizer_flags.get("tokenizer_type"):
+                raise MegacacheError("the cache name hashes the tokenizer: give Megatron's --tokenizer-type (with "
+                                     "--tokenizer-model/--vocab-file/--merge-file/--vocab-size as in training), or "
+                                     "--tokenizer-identifiers FILE.json, or --tokenizer-from-description PATH")
+            # asking megatron_python imports that Megatron (seconds): one process asks for all
+            found = comm.on_root(lambda: identity(tokenizer_flags, megatron_version, megatron_python),
+                                 "deriving the tokenizer identity")
+            if found.note and comm.rank == 0:
+                report("note", found.note)
+            version, tokenizer = found.version, found.identifiers
+        sizes = split_sizes(version, world_size, **{f.dest: flags[f.dest] for f in SIZE_FLAGS if f.dest in flags})
+        settings = dict(seed=flags.get("seed", DEFAULT_SEED), cache_dir=flags.get("data_cache_path"),
+                        surplus=flags.get("mid_level_dataset_surplus", DEFAULT_SURPLUS),
+                        sequences_path=flags.get("per_dataset_sequences_path"))
+        return cls(seq_length=seq_length, sizes=sizes, tokenizer=tokenizer, megatron_version=version, blend=blend,
+                   blend_per_split=per_split, split=split, **{**settings, **fields})
 
     @classmethod
     def from_bridge(cls, container, megatron_version: str | None = None, **fields) -> "BuildConfig":
@@ -92,3 +159,12 @@ class BuildConfig:
     def settings(self) -> GPTSettings:
         return GPTSettings(self.seq_length, self.tokenizer, self.seed, self.cache_dir, self.add_extra_token,
                            self.drop_last_partial_validation)
+
+
+def check_datasets(blend, blend_per_split, comm) -> None:
+    """Every dataset of the blend or per-split blends is there (one process of ``comm`` looks)."""
+    from ..megatron.blends import check_prefixes_exist
+
+    blends = [blend] if blend else [b for b in blend_per_split if b]
+    comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(p for b in blends for p in b.prefixes)),
+                 "looking for the datasets")

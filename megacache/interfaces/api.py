@@ -13,11 +13,11 @@
 Or from the flags the training run is given, the megatron-core version resolved once (or asked of the
 training's own interpreter) and the sizes and tokenizer identity derived from it::
 
-    cfg = BuildConfig.from_megatron_flags(
-        tokenizer=dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/models/tok"),
-        training=dict(train_iters=100_000, global_batch_size=512, eval_iters=10, eval_interval=1000),
-        megatron_python="/venvs/train/bin/python",     # optional: that Megatron's own build_tokenizer
-        blend=parse_blend(["/data/web_text_document"]), seq_length=4096, cache_dir="/data/cache")
+    cfg = BuildConfig.from_megatron_flags(dict(
+        data_path=["/data/web_text_document"], data_cache_path="/data/cache", seq_length=4096,
+        train_iters=100_000, global_batch_size=512, eval_iters=10, eval_interval=1000,
+        tokenizer_type="HuggingFaceTokenizer", tokenizer_model="/models/tok"),
+        megatron_python="/venvs/train/bin/python")     # optional: that Megatron's own build_tokenizer
 
 ``open_cache`` needs no other rank: each process plans on its own (reading the sequence lengths)
 and memory-maps the files.

@@ -156,40 +156,6 @@ def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
         print(_copy_summary("convert", r), flush=True)
 
 
-def _tokenizer_ids(args: argparse.Namespace, comm: Comm) -> tuple[str, dict]:
-    """The megatron-core version the build follows, and the tokenizer identity it hashes."""
-    from ..megatron.flags import given_flags, resolve_flags
-    from ..megatron.interpreter import identity
-    from ..megatron.tokenizer import TOKENIZER_FLAGS, identifiers_from_description, identifiers_from_json
-    from ..megatron.versions import resolve
-
-    given = given_flags(args, TOKENIZER_FLAGS)
-    if args.tokenizer_identifiers or args.tokenizer_from_description:
-        if args.tokenizer_identifiers and args.tokenizer_from_description:
-            raise MegacacheError("give the tokenizer identity once: --tokenizer-identifiers or "
-                                 "--tokenizer-from-description, not both")
-        if args.megatron_python:
-            raise MegacacheError("--megatron-python asks your Megatron for the tokenizer identity: give it the "
-                                 "tokenizer flags, not --tokenizer-identifiers or --tokenizer-from-description")
-        version = resolve(args.megatron_version)
-        # a flag the version lacks is an error whichever way the identity comes
-        resolve_flags(TOKENIZER_FLAGS, version, given)
-        if args.tokenizer_identifiers:
-            return version, identifiers_from_json(args.tokenizer_identifiers)
-        return version, identifiers_from_description(args.tokenizer_from_description)
-    if not given.get("tokenizer_type"):
-        raise MegacacheError("the cache name hashes the tokenizer: give Megatron's --tokenizer-type (with "
-                             "--tokenizer-model/--vocab-file/--merge-file/--vocab-size as in training), or "
-                             "--tokenizer-identifiers FILE.json, or --tokenizer-from-description PATH")
-    # One process derives it (asking --megatron-python imports that Megatron: seconds); every rank
-    # learns the answer.
-    found = comm.on_root(lambda: identity(given, args.megatron_version, args.megatron_python),
-                         "deriving the tokenizer identity")
-    if found.note and comm.rank == 0:
-        print(f"megacache build: note: {found.note}", file=sys.stderr, flush=True)
-    return found.version, found.identifiers
-
-
 def import_numba_for_kernels() -> None:
     """Import numba for megacache's kernels without two things they never use, which every rank
     would pay for: the BLAS probe of numba's numpy support, which imports ``scipy.linalg`` (a heavy
@@ -296,70 +262,48 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
 def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
     """The build of a Megatron-LM training run's flags."""
     from ..builders.build import BuildConfig
-    from ..megatron.blends import blend_from_flags
-    from ..algorithms.blend_sizes import DEFAULT_SURPLUS
-    from ..algorithms.splits import check_split_string
-    from ..megatron.flags import given_flags
-    from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT, SIZE_FLAGS, split_sizes
+    from ..builders.config import MEGATRON_FLAGS
 
-    blend, per_split = blend_from_flags(args.data_path, args.data_args_path,
-                                        (args.train_data_path, args.valid_data_path, args.test_data_path),
-                                        args.per_split_data_args_path)
-    if args.dataloader_fast_cache_load and not per_split:
-        raise MegacacheError("--dataloader-fast-cache-load and --data-path cannot be used together (megatron-core "
-                             "asserts): give the data per split (--per-split-data-args-path or "
-                             "--train/valid/test-data-path)")
-    _check_datasets(blend, per_split, comm)  # the most basic problem first
-    if args.seq_length is not None and args.encoder_seq_length is not None:
-        raise MegacacheError("give --seq-length or --encoder-seq-length, not both (Megatron-LM asserts)")
-    seq_length = args.seq_length if args.seq_length is not None else args.encoder_seq_length
-    if seq_length is None:
-        raise MegacacheError("--seq-length is required (training's sequence length: it is hashed)")
-    split = args.split if args.split is not None or per_split else DEFAULT_SPLIT
-    if args.split is not None and not per_split:  # with per-split data, --split is refused as it is
-        warning = check_split_string(args.split)
-        if warning and comm.rank == 0:
-            print(f"megacache build: warning: {warning}", file=sys.stderr, flush=True)
-    version, tokenizer = _tokenizer_ids(args, comm)
-    sizes = split_sizes(version, args.prepare_cache_world_size, **given_flags(args, SIZE_FLAGS))
-    return BuildConfig(seq_length=seq_length, sizes=sizes, tokenizer=tokenizer,
-                       megatron_version=version, blend=blend,
-                       blend_per_split=per_split, split=split, seed=DEFAULT_SEED if args.seed is None else args.seed,
-                       cache_dir=args.data_cache_path,
-                       add_extra_token=not args.no_add_extra_token_to_sequence,
-                       drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence,
-                       surplus=(DEFAULT_SURPLUS if args.mid_level_dataset_surplus is None
-                                else args.mid_level_dataset_surplus),
-                       rebuild_stale=args.rebuild_stale, sequences_path=args.per_dataset_sequences_path)
+    flags = {name: getattr(args, name) for name in MEGATRON_FLAGS if hasattr(args, name)}
+    identity = _identity_given(args)
+
+    def report(kind: str, text: str) -> None:
+        print(f"megacache build: {kind}: {text}", file=sys.stderr, flush=True)
+
+    return BuildConfig.from_megatron_flags(
+        flags, args.megatron_version, args.megatron_python, args.prepare_cache_world_size, comm, report,
+        **({} if identity is None else {"tokenizer": identity}), rebuild_stale=args.rebuild_stale,
+        add_extra_token=not args.no_add_extra_token_to_sequence,
+        drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence)
 
 
-def _check_datasets(blend, per_split, comm: Comm) -> None:
-    """Every dataset of the blend or per-split blends is there (one process looks)."""
-    from ..megatron.blends import check_prefixes_exist
+def _identity_given(args: argparse.Namespace) -> dict | None:
+    """The tokenizer identity given as such (--tokenizer-identifiers, --tokenizer-from-description)."""
+    from ..megatron.tokenizer import identifiers_from_description, identifiers_from_json
 
-    blends = [blend] if blend else [b for b in per_split if b]
-    comm.on_root(lambda: check_prefixes_exist(dict.fromkeys(p for b in blends for p in b.prefixes)),
-                 "looking for the datasets")
+    if args.tokenizer_identifiers and args.tokenizer_from_description:
+        raise MegacacheError("give the tokenizer identity once: --tokenizer-identifiers or "
+                             "--tokenizer-from-description, not both")
+    if args.tokenizer_identifiers:
+        return identifiers_from_json(args.tokenizer_identifiers)
+    if args.tokenizer_from_description:
+        return identifiers_from_description(args.tokenizer_from_description)
+    return None
 
 
-#: the build flags that describe a Megatron-LM run, which a Bridge configuration describes instead
-_MEGATRON_LM_RUN = ("data_path", "data_args_path", "train_data_path", "valid_data_path", "test_data_path",
-                    "per_split_data_args_path", "split", "seq_length", "encoder_seq_length", "seed", "data_cache_path",
-                    "mid_level_dataset_surplus", "no_add_extra_token_to_sequence",
-                    "no_drop_last_partial_validation_sequence", "per_dataset_sequences_path", "tokenizer_identifiers",
-                    "tokenizer_from_description", "megatron_python", "dataloader_fast_cache_load",
-                    "dataloader_defer_npy_index_mmap", "prepare_cache_world_size")
+#: build's own flags that describe a Megatron-LM run beside its flags, which a Bridge configuration
+#: describes instead
+_RUN_SETTINGS = ("no_add_extra_token_to_sequence", "no_drop_last_partial_validation_sequence", "tokenizer_identifiers",
+                 "tokenizer_from_description", "megatron_python", "prepare_cache_world_size")
 
 
 def _bridge_config(args: argparse.Namespace, comm: Comm):
     """The build of a Megatron-Bridge ConfigContainer (its YAML): everything from the file."""
     from ..builders.build import BuildConfig
-    from ..megatron.flags import given_flags
-    from ..megatron.tokenizer import TOKENIZER_FLAGS
-    from ..megatron.training import SIZE_FLAGS
+    from ..builders.config import MEGATRON_FLAGS, check_datasets
 
-    given = [f"--{d.replace('_', '-')}" for d in _MEGATRON_LM_RUN if getattr(args, d) not in (None, False)]
-    given += [f"--{d.replace('_', '-')}" for d in {**given_flags(args, SIZE_FLAGS), **given_flags(args, TOKENIZER_FLAGS)}]
+    given = [f"--{name.replace('_', '-')}" for name in MEGATRON_FLAGS + _RUN_SETTINGS
+             if getattr(args, name, None) not in (None, False)]
     given += [words[0] for words in args.training_flags]
     if given:
         raise MegacacheError(f"--bridge-config {args.bridge_config} describes the run (data, sizes, tokenizer, cache "
@@ -367,7 +311,7 @@ def _bridge_config(args: argparse.Namespace, comm: Comm):
     cfg = comm.on_root(lambda: BuildConfig.from_bridge(args.bridge_config, args.megatron_version,
                                                        rebuild_stale=args.rebuild_stale),
                        f"reading {args.bridge_config}")
-    _check_datasets(cfg.blend, cfg.blend_per_split, comm)
+    check_datasets(cfg.blend, cfg.blend_per_split, comm)
     return cfg
 
 

@@ -154,39 +154,47 @@ def test_flag_words():
         "--tokenizer-hf-no-use-fast"]
 
 
-def test_a_configuration_from_megatron_flags(standin):
+def test_a_configuration_from_megatron_flags(standin, tmp_path, monkeypatch):
     from megacache.builders.build import BuildConfig
     from megacache.megatron.blends import Blend
     from megacache.megatron.training import split_sizes
 
+    monkeypatch.chdir(tmp_path)
+    write_lengths("d", [5, 9, 30] * 20)
     training = dict(train_iters=100, global_batch_size=4, eval_iters=2, eval_interval=10)
     null = dict(tokenizer_type="NullTokenizer", vocab_size=1000, null_tokenizer_pad_id=-1)  # -1: the default
-    cfg = BuildConfig.from_megatron_flags(null, training, megatron_version="0.18", blend=Blend(("d",)), seq_length=8)
-    assert (cfg.megatron_version, cfg.sizes, cfg.tokenizer) == (
-        "0.18", split_sizes("0.18", **training), tokenizer_identifiers("NullTokenizer", "0.18", vocab_size=1000))
+    cfg = BuildConfig.from_megatron_flags(dict(data_path=["d"], seq_length=8, **training, **null),
+                                          megatron_version="0.18")
+    assert (cfg.megatron_version, cfg.sizes, cfg.tokenizer, cfg.blend, cfg.split, cfg.seed) == (
+        "0.18", split_sizes("0.18", **training), tokenizer_identifiers("NullTokenizer", "0.18", vocab_size=1000),
+        Blend(("d",)), "969, 30, 1", 1234)
     # the version comes once, from the Megatron asked, and the sizes follow it
     standin("0.17.1", tokenizer_identifiers(megatron_version="0.17", **HF))
-    cfg = BuildConfig.from_megatron_flags(dict(HF, tokenizer_hf_no_use_fast=False), training,
-                                          megatron_python=sys.executable, blend=Blend(("d",)), seq_length=8)
+    cfg = BuildConfig.from_megatron_flags(dict(data_path=["d"], seq_length=8, tokenizer_hf_no_use_fast=False,
+                                               **training, **HF), megatron_python=sys.executable)
     assert (cfg.megatron_version, cfg.tokenizer) == ("0.17", tokenizer_identifiers(megatron_version="0.17", **HF))
+    with pytest.raises(MegacacheError, match="not Megatron-LM flags a build reads: blend, num_layers"):
+        BuildConfig.from_megatron_flags(dict(blend=Blend(("d",)), num_layers=2, **training, **null))
 
 
-def test_library_notes_go_to_the_megacache_logger(standin, caplog, capsys):
+def test_library_notes_go_to_the_megacache_logger(standin, caplog, capsys, tmp_path, monkeypatch):
     import logging
 
     from megacache.builders.build import BuildConfig
-    from megacache.megatron.blends import Blend
 
+    monkeypatch.chdir(tmp_path)
+    write_lengths("d", [5, 9, 30] * 20)
     standin("0.99.0", {"class": "C", "tokenizer_path": "p"})
-    training = dict(train_samples=100, global_batch_size=4, eval_iters=0, eval_interval=10)
+    flags = dict(data_path=["d"], seq_length=8, train_samples=100, global_batch_size=4, eval_iters=0,
+                 eval_interval=10, **HF)
     with caplog.at_level(logging.WARNING, logger="megacache"):
-        BuildConfig.from_megatron_flags(HF, training, megatron_python=sys.executable, blend=Blend(("d",)), seq_length=8)
+        BuildConfig.from_megatron_flags(flags, megatron_python=sys.executable)
     assert [r.name for r in caplog.records] == ["megacache"]
     assert "megatron-core 0.99.0 is newer than megacache's table" in caplog.records[0].getMessage()
     # an embedding program silences it as any logger
     logging.getLogger("megacache").setLevel(logging.ERROR)
     try:
-        BuildConfig.from_megatron_flags(HF, training, megatron_python=sys.executable, blend=Blend(("d",)), seq_length=8)
+        BuildConfig.from_megatron_flags(flags, megatron_python=sys.executable)
     finally:
         logging.getLogger("megacache").setLevel(logging.NOTSET)
     assert "newer than" not in capsys.readouterr().err
