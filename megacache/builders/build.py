@@ -37,7 +37,7 @@ from ..errors import MegacacheError
 from ..formats.npy import read_npy_header
 from ..runtime.fsio import make_directories, write_atomic
 from ..megatron.blends import Blend
-from ..megatron.cache import SPLIT_NAMES, existing, present_files
+from ..megatron.cache import SPLIT_NAMES, existing, nearest_built, present_files
 from ..megatron.sequences import default_path, sequences_json
 from ..megatron.training import DEFAULT_SPLIT
 from ..megatron.versions import resolve
@@ -287,6 +287,8 @@ class EntryState:
     item: GPTTask | BlendTask
     present: tuple[bool, ...]           # per file, in ``item.entry.names`` order
     problems: list[str]                 # how a complete entry drifted from this configuration
+    #: for a missing entry, a complete one differing in one field only (``nearest_built``)
+    near: str | None = None
 
     @property
     def state(self) -> str:
@@ -312,7 +314,9 @@ def inventory(cfg: BuildConfig, comm: Comm | None = None) -> tuple[Plan, list[En
     items = planned.items
     files = comm.on_root(lambda: present_files([item.entry for item in items]), "looking for existing caches")
     drifts = _check_existing(planned, [all(f) for f in files], comm)
-    states = [EntryState(item, f, d) for item, f, d in zip(items, files, drifts)]
+    near = comm.on_root(lambda: nearest_built([item.entry for item in items], [any(f) for f in files]),
+                        "looking for entries built with other settings")
+    states = [EntryState(item, f, d, n) for item, f, d, n in zip(items, files, drifts, near)]
     others = sorted({manifest_path(s.item.entry.directory) for s in states if s.state != "complete"})
     update = comm.on_root(lambda: _sequences_update(planned, cfg), "reading Megatron's per-dataset sequences file")
     return planned, states, others + ([update[0]] if update else [])

@@ -334,6 +334,8 @@ def _dry_run(cfg, comm: Comm, verbose: bool, as_json: bool) -> None:
                       "files": {w: {"path": e.path(w), "present": p} for w, p in zip(e.names, s.present)}}
             if s.problems:
                 record["problems"] = s.problems
+            if s.near:
+                record["nearest_built"] = s.near
             if verbose:
                 record["description"] = e.description
             entries.append(record)
@@ -356,6 +358,8 @@ def _dry_run(cfg, comm: Comm, verbose: bool, as_json: bool) -> None:
               f"{os.path.join(e.directory, e.stem)}-*  {source}", flush=True)
         for problem in s.problems:
             print(f"         {problem}", flush=True)
+        if s.near:
+            print(f"         nearest built entry: {s.near}", flush=True)
         if verbose:
             for what, present in zip(e.names, s.present):
                 print(f"         {'present' if present else 'absent '}  {e.path(what)}", flush=True)

@@ -182,3 +182,74 @@ def present_files(entries) -> list[tuple[bool, ...]]:
         names = listings[e.directory]
         out.append(tuple(e.file_name(what) in names for what in e.names))
     return out
+
+
+def nearest_built(entries, present) -> list[str | None]:
+    """For each entry not on disk (``present``: per entry, whether it is), the complete entry of
+    its directory, class and split whose description differs from its own in one field only (a
+    path spelled otherwise, another seed or tokenizer setting): what differs and that entry's name;
+    None where no entry is that near. Megatron hashes the strings as given, so ``data/a`` and
+    ``./data/a`` name two caches; this says which one a user likely meant.
+
+    Each directory's descriptions are read once and indexed by every field left out in turn, so a
+    lookup costs one probe per field, not one comparison per entry there."""
+    index: dict[str, dict] = {}
+    out = []
+    for e, here in zip(entries, present):
+        if here:
+            out.append(None)
+            continue
+        if e.directory not in index:
+            index[e.directory] = _descriptions_by_field_left_out(e.directory)
+        found = None
+        for key in e.identifiers:
+            if key in ("class", _SPLIT_KEY[e.class_name]):
+                continue  # another class or split is another entry, not a near one
+            match = index[e.directory].get((key, _without(e.identifiers, key)))
+            if match is not None:
+                stem, there = match
+                found = f"{stem}-*, built with {_difference(key, there[key], e.identifiers[key])}"
+                break
+        out.append(found)
+    return out
+
+
+def _descriptions_by_field_left_out(directory: str) -> dict:
+    """The complete entries' descriptions in ``directory`` (one listing, one read each), each
+    under every (field, its description without that field)."""
+    try:
+        names = {d.name for d in os.scandir(directory) if d.is_file()}
+    except (FileNotFoundError, NotADirectoryError):
+        return {}
+    out = {}
+    for name in sorted(names):
+        stem, _, what = name.rpartition("-")
+        class_name = stem.split("-")[1] if stem.count("-") == 2 else None
+        if what != "description.txt" or class_name not in ENTRY_FILES:
+            continue
+        if not all(f"{stem}-{w}" in names for w in ENTRY_FILES[class_name]):
+            continue  # an entry Megatron would not load is no near miss
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as f:
+                identifiers = json.load(f)
+        except (OSError, ValueError):
+            continue  # unreadable: verify reports it
+        if isinstance(identifiers, dict):
+            for key in identifiers:
+                out.setdefault((key, _without(identifiers, key)), (stem, identifiers))
+    return out
+
+
+#: the identifier that names an entry's split, per class
+_SPLIT_KEY = {"GPTDataset": "index_split", "BlendedDataset": "split"}
+
+
+def _without(identifiers: dict, key: str) -> str:
+    return json.dumps({k: v for k, v in identifiers.items() if k != key}, sort_keys=True)
+
+
+def _difference(key: str, there, asked) -> str:
+    if isinstance(there, dict) and isinstance(asked, dict):
+        keys = [k for k in dict.fromkeys([*there, *asked]) if there.get(k) != asked.get(k)]
+        return "; ".join(f"{key}.{k} {there.get(k)!r} instead of {asked.get(k)!r}" for k in keys)
+    return f"{key} {there!r} instead of {asked!r}"

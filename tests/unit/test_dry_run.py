@@ -161,3 +161,34 @@ def test_command_line_dry_run(built, tmp_path):
     assert done.stdout.splitlines()[0].endswith("(9 complete); nothing written")
     done = megacache(*flags, "--data-cache-path", cfg.cache_dir, "--json", cwd=tmp_path)
     assert done.returncode == 2 and "--json goes with --dry-run" in done.stderr
+
+
+NEAR_BUILD = ["--seq-length", "8", "--train-samples", "40", "--global-batch-size", "1", "--eval-iters", "2",
+              "--eval-interval", "10", "--tokenizer-type", "NullTokenizer", "--data-cache-path", "cache",
+              "--megatron-version", "0.19"]
+
+
+@pytest.mark.parametrize("changed, near", [
+    (["--data-path", "./d", "--vocab-size", "100"], "dataset_path 'd' instead of './d'"),
+    (["--data-path", "d", "--vocab-size", "100", "--seed", "5"], "random_seed 1234 instead of 5"),
+    (["--data-path", "d", "--vocab-size", "101"], "tokenizer.vocab_size '100' instead of '101'"),
+])
+def test_a_missing_entry_names_the_built_one_that_differs_in_one_field(changed, near, tmp_path, monkeypatch,
+                                                                        capsys):
+    from megacache.interfaces import cli
+
+    monkeypatch.chdir(tmp_path)
+    write_lengths("d", [5, 9, 0, 30, 12] * 120)
+    assert cli.main(["build", "--data-path", "d", "--vocab-size", "100", *NEAR_BUILD]) == 0
+    built = {name.rsplit("-", 1)[0] for name in os.listdir("cache") if name.endswith("-description.txt")}
+    capsys.readouterr()
+    assert cli.main(["build", *changed, *NEAR_BUILD, "--dry-run"]) == 0
+    hints = [line.strip() for line in capsys.readouterr().out.splitlines() if "nearest built entry" in line]
+    assert {h.split(": ", 1)[1].split("-*")[0] for h in hints} == built and len(hints) == 3
+    assert all(h.endswith(f"-*, built with {near}") for h in hints), hints
+    assert cli.main(["build", *changed, *NEAR_BUILD, "--dry-run", "--json"]) == 0
+    entries = json.loads(capsys.readouterr().out)["entries"]
+    assert [e["nearest_built"].endswith(near) for e in entries] == [True] * 3
+    # two fields apart is no near miss
+    assert cli.main(["build", *changed, "--split", "90,5,5", *NEAR_BUILD, "--dry-run"]) == 0
+    assert "nearest built entry" not in capsys.readouterr().out
