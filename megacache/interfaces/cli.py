@@ -574,12 +574,6 @@ def _version_of(namespace: argparse.Namespace) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..algorithms.blend_sizes import DEFAULT_SURPLUS
-    from ..text.backends import BACKENDS, DEFAULT_VERIFY_FRACTION
-    from ..megatron.training import DEFAULT_SEED
-    from ..megatron.tokenizer import TOKENIZER_FLAGS
-    from ..megatron.training import SIZE_FLAGS
-
     from ..runtime.environment import VARIABLES
 
     width = max(map(len, VARIABLES)) + 2
@@ -589,6 +583,27 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-V", "--version", action="version", version=f"megacache {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_tokenize_args, _add_build_args, _add_merge_args, _add_convert_args, _add_verify_args,
+                _add_inspect_args, _add_sample_corpus_args, _add_kernels_args):
+        add(sub)
+    return parser
+
+
+#: help texts that two subcommands share
+_DROP_LOSS_HELP = ("write a .ds input's tokens although its .ds.loss mask masks some of them (no output format "
+                   "holds a loss mask; without this flag such an input is refused, and an all-ones mask passes)")
+_INPUTS_HELP = ("; a folder stands for the datasets in it and a quoted glob pattern for those it matches, each in "
+                "name order")
+_INPUT_LIST_HELP = ("a file naming more datasets, one per line, after those given (blank lines and lines starting "
+                    "with # skipped): for tens of thousands of shards")
+_MAX_SIZE_HELP = ("write parts of at most this many bytes of tokens each (whole inputs, in order; an input larger "
+                  "than this alone), named OUT-00000-of-000NN ...")
+_OLMO_EOS_HELP = "an OLMo token file's EOS id (OLMo-core's eos_token_id), which ends each of its documents"
+_OLMO_DTYPE_HELP = "an OLMo token file's width (OLMo-core's dtype), which the file does not record"
+
+
+def _add_tokenize_args(sub) -> None:
+    from ..text.backends import BACKENDS, DEFAULT_VERIFY_FRACTION
 
     p = sub.add_parser("tokenize", help="tokenize text into Megatron .bin/.idx datasets")
     p.add_argument("--input", nargs="+", required=True, metavar="PATH", type=nonempty,
@@ -624,6 +639,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-interval", type=amount, metavar="SECONDS",
                    help="progress interval (default: 0.5 on a terminal, 30 otherwise; 0 disables)")
     p.set_defaults(func=_cmd_tokenize)
+
+
+def _add_build_args(sub) -> None:
+    from ..algorithms.blend_sizes import DEFAULT_SURPLUS
+    from ..megatron.tokenizer import TOKENIZER_FLAGS
+    from ..megatron.training import DEFAULT_SEED, SIZE_FLAGS
 
     p = sub.add_parser("build", help="build Megatron GPTDataset index caches (flags as in Megatron-LM training, "
                                      "or a Megatron-Bridge configuration)",
@@ -703,19 +724,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print each split's full description (with --dry-run: also each file and whether it is there)")
     p.set_defaults(func=_cmd_build)
 
-    drop_loss = ("write a .ds input's tokens although its .ds.loss mask masks some of them (no output format holds "
-                 "a loss mask; without this flag such an input is refused, and an all-ones mask passes)")
-    inputs = ("; a folder stands for the datasets in it and a quoted glob pattern for those it matches, each in "
-              "name order")
-    input_list = ("a file naming more datasets, one per line, after those given (blank lines and lines starting "
-                  "with # skipped): for tens of thousands of shards")
-    max_size = ("write parts of at most this many bytes of tokens each (whole inputs, in order; an input larger "
-                "than this alone), named OUT-00000-of-000NN ...")
+
+def _add_merge_args(sub) -> None:
     p = sub.add_parser("merge", help="concatenate datasets in the order given (Megatron prefixes, .pbin or .ds files)")
     p.add_argument("prefixes", nargs="*", metavar="PREFIX|FILE.pbin|FILE.ds",
                    help="the datasets to concatenate, in order: Megatron prefixes, .pbin files or datatrove .ds files"
-                        + inputs)
-    p.add_argument("--input-list", metavar="FILE", type=nonempty, help=input_list)
+                        + _INPUTS_HELP)
+    p.add_argument("--input-list", metavar="FILE", type=nonempty, help=_INPUT_LIST_HELP)
     p.add_argument("--output-prefix", required=True, metavar="PREFIX|FILE.pbin|FILE.ds", type=nonempty,
                    help="the merged dataset's own prefix (PREFIX.bin/.idx), .pbin or .ds file, in the inputs' "
                         "format (unlike tokenize's --output-prefix, nothing is appended to it)")
@@ -723,17 +738,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the output's token dtype, for inputs of several widths (refused without it); every id is "
                         "checked to fit (a Megatron prefix holds uint8, int8, uint16, int16, int32 or int64, a .pbin "
                         "uint8, uint16 or uint32, a .ds uint16 or uint32)")
-    p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=max_size)
+    p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=_MAX_SIZE_HELP)
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
-    p.add_argument("--drop-loss-mask", action="store_true", help=drop_loss)
+    p.add_argument("--drop-loss-mask", action="store_true", help=_DROP_LOSS_HELP)
     p.set_defaults(func=_cmd_merge)
 
+
+def _add_convert_args(sub) -> None:
     p = sub.add_parser("convert", help="a dataset in another format: Megatron's .bin/.idx, Modalities' .pbin, "
                                        "datatrove's .ds, OLMo's token files (docs/modalities.md, docs/datatrove.md, "
                                        "docs/olmo.md)")
     p.add_argument("sources", nargs="*", metavar="SRC",
                    help="the datasets to convert, in order, into one: Megatron prefixes, or paths ending in .pbin, "
-                        ".ds or .npy (OLMo's headerless token files), all of one format" + inputs)
+                        ".ds or .npy (OLMo's headerless token files), all of one format" + _INPUTS_HELP)
     p.add_argument("destination", metavar="DST",
                    help="another format: a path ending in .pbin, .ds or .npy (OLMo), or a Megatron prefix; with "
                         "--per-file a pattern whose * stands for each input's name (out/*.pbin, out/* for prefixes)")
@@ -752,17 +769,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=["uint16", "uint32"],
                    help="an OLMo token file's width (OLMo-core's dtype): an input's, which the file does not "
                         "record, or the output's (default: the sources' width)")
-    p.add_argument("--input-list", metavar="FILE", type=nonempty, help=input_list)
-    p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=max_size)
+    p.add_argument("--input-list", metavar="FILE", type=nonempty, help=_INPUT_LIST_HELP)
+    p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=_MAX_SIZE_HELP)
     p.add_argument("--per-file", action="store_true",
                    help="convert each input into its own dataset, named by DST's pattern, the ranks sharing the "
                         "inputs (instead of all inputs into one)")
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
-    p.add_argument("--drop-loss-mask", action="store_true", help=drop_loss)
+    p.add_argument("--drop-loss-mask", action="store_true", help=_DROP_LOSS_HELP)
     p.set_defaults(func=_cmd_convert)
 
-    olmo_eos = "an OLMo token file's EOS id (OLMo-core's eos_token_id), which ends each of its documents"
-    olmo_dtype = "an OLMo token file's width (OLMo-core's dtype), which the file does not record"
+
+def _add_verify_args(sub) -> None:
     p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin, .ds, OLMo .npy) and cache directories for "
                                       "consistency; exit 0 only if all hold; under mpiexec/srun the ranks share the "
                                       "datasets and entries and each checks a slice of every blend")
@@ -772,20 +789,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's): "
                         "here, also check that every token id is below it (and an OLMo file's width without "
                         "--dtype, by OLMo's rule)")
-    p.add_argument("--eos-id", type=int, help=olmo_eos)
-    p.add_argument("--dtype", choices=["uint16", "uint32"], help=olmo_dtype)
+    p.add_argument("--eos-id", type=int, help=_OLMO_EOS_HELP)
+    p.add_argument("--dtype", choices=["uint16", "uint32"], help=_OLMO_DTYPE_HELP)
     _add_version_arg(p)
     p.set_defaults(func=_cmd_verify)
 
+
+def _add_inspect_args(sub) -> None:
     p = sub.add_parser("inspect", help="summarize dataset prefixes or cache directories; exit 2 on an "
                                        "incomplete or altered cache entry")
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="a dataset prefix (or its .idx/.bin), a .pbin, .ds or OLMo .npy file, or a cache directory")
-    p.add_argument("--eos-id", type=int, help=olmo_eos)
-    p.add_argument("--dtype", choices=["uint16", "uint32"], help=olmo_dtype)
+    p.add_argument("--eos-id", type=int, help=_OLMO_EOS_HELP)
+    p.add_argument("--dtype", choices=["uint16", "uint32"], help=_OLMO_DTYPE_HELP)
     _add_version_arg(p)
     p.set_defaults(func=_cmd_inspect)
 
+
+def _add_sample_corpus_args(sub) -> None:
     p = sub.add_parser("sample-corpus", help="write the bundled synthetic sample corpus (jsonl)")
     p.add_argument("--output-dir", required=True, type=nonempty, help="writes shard_0.jsonl, shard_1.jsonl, ... here")
     p.add_argument("--files", type=positive, default=4, help="files to write")
@@ -794,11 +815,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seeds the synthetic text (not build's --seed, which is training's)")
     p.set_defaults(func=_cmd_sample_corpus)
 
+
+def _add_kernels_args(sub) -> None:
     p = sub.add_parser("kernels", help="compile megacache's kernels for this machine's CPU, once, so that builds start "
                                        "without numba's JIT (needs a C compiler); into $MEGACACHE_KERNEL_DIR, by default "
                                        "$XDG_CACHE_HOME/megacache/kernels, where builds look for them")
     p.set_defaults(func=_cmd_kernels)
-    return parser
 
 
 def _version() -> str:
