@@ -45,7 +45,7 @@ def start() -> None:
     gc.disable()  # as a build's rank imports (megacache.interfaces.cli._cmd_build)
     import numpy as np
 
-    from megacache.interfaces.cli import load_kernels
+    from megacache.runtime.startup import load_kernels
 
     load_kernels()
     from megacache.algorithms.gpt_index import length_stats
@@ -204,7 +204,7 @@ def summary(record: dict) -> str:
 
 
 def main(argv: list[str]) -> None:
-    from megacache.interfaces.cli import single_threaded_blas
+    from megacache.runtime.startup import single_threaded_blas
 
     single_threaded_blas()  # as a build's rank does, before numpy loads
     if argv[:1] == ["start"] and len(argv) == 1:

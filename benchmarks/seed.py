@@ -547,7 +547,7 @@ def blend(weights_path: str, size: int, counts_path: str) -> None:
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["blend"] and len(argv) == 4:
-        from megacache.interfaces.cli import single_threaded_blas
+        from megacache.runtime.startup import single_threaded_blas
 
         single_threaded_blas()  # as a build's rank does, before numpy loads
         blend(argv[1], int(argv[2]), argv[3])

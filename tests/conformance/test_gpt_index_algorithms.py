@@ -664,7 +664,7 @@ def test_numba_kernels_load_without_scipy_linalg_or_numba_extensions():
     assert "awkward" in extensions  # installed with gigatoken: the check below can fail
     code = f"""
 import sys
-from megacache.interfaces.cli import import_numba_for_kernels
+from megacache.runtime.startup import import_numba_for_kernels
 import_numba_for_kernels()
 import numpy as np
 from megacache.algorithms.gpt_index import length_stats
