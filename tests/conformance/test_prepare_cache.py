@@ -8,12 +8,11 @@ parallelism and logging. The tool's answers were recorded by tests/support/recor
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from megacache.interfaces import cli
-from support.record_megatron_main import DATASETS, cache_files, dataset_lengths
+from support.record_megatron_main import cache_files, write_datasets
 from support.record_prepare_cache import OUT
 
 with open(OUT, encoding="utf-8") as _f:
@@ -22,12 +21,8 @@ with open(OUT, encoding="utf-8") as _f:
 
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory):
-    from support.oracle import write_lengths
-
     root = tmp_path_factory.mktemp("prepare-cache")
-    for prefix, (seed, count) in DATASETS.items():
-        os.makedirs(root / os.path.dirname(prefix), exist_ok=True)
-        write_lengths(str(root / prefix), dataset_lengths(seed, count))
+    write_datasets(root)
     return root
 
 

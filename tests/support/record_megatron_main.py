@@ -71,10 +71,16 @@ CACHE_CONFIGS = [
 
 def make_files(root: Path) -> None:
     """The tokenizer files and the datasets, under ``root``."""
-    from support.oracle import write_lengths
     from support.tokenizer_files import write_tokenizer_files
 
     write_tokenizer_files(root)
+    write_datasets(root)
+
+
+def write_datasets(root: Path) -> None:
+    """DATASETS, under ``root``."""
+    from support.oracle import write_lengths
+
     for prefix, (seed, count) in DATASETS.items():
         os.makedirs(root / os.path.dirname(prefix), exist_ok=True)
         write_lengths(str(root / prefix), dataset_lengths(seed, count))

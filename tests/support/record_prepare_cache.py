@@ -26,7 +26,7 @@ SUPPORT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(SUPPORT))  # tests/: the ``support`` package
 
 from support.oracles import ROOT  # noqa: E402
-from support.record_megatron_main import DATASETS, cache_files, dataset_lengths, dumps  # noqa: E402
+from support.record_megatron_main import cache_files, dumps, write_datasets  # noqa: E402
 from support.record_training_flags import REFS, git  # noqa: E402
 from support.training_command import training_command  # noqa: E402
 
@@ -86,14 +86,10 @@ def main() -> None:
     parser.add_argument("--python", default=os.path.join(ROOT, "py312", "bin", "python"),
                         help="the interpreter prepare_cache.py runs in (default: the Python 3.12 oracle environment)")
     args = parser.parse_args()
-    from support.oracle import write_lengths
-
     commits, cases = {}, []
     with tempfile.TemporaryDirectory() as work:
         root = Path(work, "run")
-        for prefix, (seed, count) in DATASETS.items():
-            os.makedirs(root / os.path.dirname(prefix), exist_ok=True)
-            write_lengths(str(root / prefix), dataset_lengths(seed, count))
+        write_datasets(root)
         for version in VERSIONS:
             tree = os.path.join(work, version)
             os.makedirs(tree)
