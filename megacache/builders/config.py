@@ -65,7 +65,8 @@ class BuildConfig:
     @classmethod
     def from_megatron_flags(cls, flags: Mapping, megatron_version: str | None = None,
                             megatron_python: str | None = None, world_size: int | None = None,
-                            comm=None, report=None, **fields) -> "BuildConfig":
+                            comm=None, report=None, command: list[str] | None = None,
+                            **fields) -> "BuildConfig":
         """The build a Megatron-LM training run's flags ask for: ``flags`` are those the run is
         given, by their names in Megatron's parsed arguments (``data_path`` as a list of words,
         ``split``, ``seq_length``, ``seed``, ``data_cache_path``, the sizes' ``train_iters``,
@@ -76,7 +77,11 @@ class BuildConfig:
         (``megatron.interpreter``); ``world_size``: the ranks training runs on, where
         ``micro_batch_size`` gives the global batch. ``comm``: the job whose one process looks at
         the datasets and derives the identity for all; ``report(kind, text)`` gets the warnings and
-        notes ("warning", "note"; default: the megacache logger). ``fields``: megacache's own
+        notes ("warning", "note"; default: the megacache logger). ``command``: the whole training
+        command these flags come from, which ``megatron_python``'s Megatron-LM then reads too, as
+        tools/prepare_cache.py does (parse_args, validate_args, ...): where its answer (sizes, seed,
+        split, blends, cache path, surplus) differs from this reading, the build stops naming the
+        field. ``fields``: megacache's own
         settings (``rebuild_stale``, ``add_extra_token``, ..., or ``tokenizer``: the identity
         itself, instead of the one the tokenizer flags give)."""
         from ..algorithms.splits import check_split_string
@@ -128,7 +133,8 @@ class BuildConfig:
                                      "--tokenizer-model/--vocab-file/--merge-file/--vocab-size as in training), or "
                                      "--tokenizer-identifiers FILE.json, or --tokenizer-from-description PATH")
             # asking megatron_python imports that Megatron (seconds): one process asks for all
-            found = comm.on_root(lambda: identity(tokenizer_flags, megatron_version, megatron_python),
+            asked = {"words": command, "world_size": world_size} if command is not None else None
+            found = comm.on_root(lambda: identity(tokenizer_flags, megatron_version, megatron_python, asked),
                                  "deriving the tokenizer identity")
             if found.note and comm.rank == 0:
                 report("note", found.note)
@@ -137,8 +143,11 @@ class BuildConfig:
         settings = dict(seed=flags.get("seed", DEFAULT_SEED), cache_dir=flags.get("data_cache_path"),
                         surplus=flags.get("mid_level_dataset_surplus", DEFAULT_SURPLUS),
                         sequences_path=flags.get("per_dataset_sequences_path"))
-        return cls(seq_length=seq_length, sizes=sizes, tokenizer=tokenizer, megatron_version=version, blend=blend,
-                   blend_per_split=per_split, split=split, **{**settings, **fields})
+        cfg = cls(seq_length=seq_length, sizes=sizes, tokenizer=tokenizer, megatron_version=version, blend=blend,
+                  blend_per_split=per_split, split=split, **{**settings, **fields})
+        if megatron_python and command is not None and "tokenizer" not in fields:
+            check_reading(found, megatron_python, cfg.reading(), report if comm.rank == 0 else lambda kind, text: None)
+        return cfg
 
     @classmethod
     def from_bridge(cls, container, megatron_version: str | None = None, **fields) -> "BuildConfig":
@@ -155,10 +164,41 @@ class BuildConfig:
         """One prefix without a weight: plain GPTDatasets, as ``--data-path PREFIX``."""
         return cls(blend=Blend((data_path,)), **fields)
 
+    def reading(self) -> dict:
+        """What training builds, as Megatron-LM's own code gives it (the answer of
+        ``megatron.training_worker.read_command`` to the same command)."""
+        return dict(sizes=list(self.sizes), seq_length=self.seq_length, seed=self.seed, split=self.split,
+                    blend=self.blend and self.blend.as_megatron(),
+                    blend_per_split=self.blend_per_split and [b and b.as_megatron() for b in self.blend_per_split],
+                    data_cache_path=self.cache_dir, mid_level_dataset_surplus=self.surplus,
+                    identifiers=self.tokenizer)
+
     @property
     def settings(self) -> GPTSettings:
         return GPTSettings(self.seq_length, self.tokenizer, self.seed, self.cache_dir, self.add_extra_token,
                            self.drop_last_partial_validation)
+
+
+def check_reading(found, python: str, mine: dict, report) -> None:
+    """megacache's reading of the training command (``mine``) against what the Megatron-LM of
+    ``python`` read from it (``found.command``): a difference stops the build naming the field."""
+    from ..megatron.interpreter import command_differences
+
+    asked = found.command or {}
+    if "error" in asked:
+        raise MegacacheError(f"--megatron-python {python}: your Megatron-LM refuses this training command: "
+                             f"{asked['error']}")
+    if "partial" in asked or not asked:
+        why = asked.get("partial", "no answer")
+        report("note", f"--megatron-python {python} checked the tokenizer identity only, not the whole command "
+                       f"({why}; validate_args needs Megatron-LM and the model's flags)")
+        return
+    problems = command_differences(asked, mine)
+    if problems:
+        raise MegacacheError(f"--megatron-python {python} (megatron-core {found.megatron}) reads this training "
+                             f"command otherwise than megacache:\n" + "\n".join(f"  {p}" for p in problems)
+                             + "\nThe caches would not be the ones your training looks for; report this as a "
+                               "megacache bug, with the command")
 
 
 def check_datasets(blend, blend_per_split, comm) -> None:

@@ -228,8 +228,23 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
     def report(kind: str, text: str) -> None:
         print(f"megacache build: {kind}: {text}", file=sys.stderr, flush=True)
 
+    from ..megatron.command import training_words, yaml_flags
+
+    if args.yaml_cfg:
+        ignored = [f"--{k.replace('_', '-')}" for k, v in flags.items() if v not in (None, False)]
+        ignored += [words[0] for words in args.training_flags]
+        if ignored and comm.rank == 0:
+            report("warning", f"with --yaml-cfg, training reads its arguments from {args.yaml_cfg} alone and "
+                              f"ignores {', '.join(ignored)}; so does this build")
+        flags, others, warnings = yaml_flags(args.yaml_cfg, _version_of(args), MEGATRON_FLAGS,
+                                             args.prepare_cache_world_size)
+        for text in warnings if comm.rank == 0 else ():
+            report("warning", text)
+        args.training_flags = [[key] for key in others]
+
+    command = training_words(args.words, _version_of(args), args.own_flags) if args.megatron_python else None
     return BuildConfig.from_megatron_flags(
-        flags, args.megatron_version, args.megatron_python, args.prepare_cache_world_size, comm, report,
+        flags, args.megatron_version, args.megatron_python, args.prepare_cache_world_size, comm, report, command,
         **({} if identity is None else {"tokenizer": identity}), rebuild_stale=args.rebuild_stale,
         add_extra_token=not args.no_add_extra_token_to_sequence,
         drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence)
@@ -252,7 +267,7 @@ def _identity_given(args: argparse.Namespace) -> dict | None:
 #: build's own flags that describe a Megatron-LM run beside its flags, which a Bridge configuration
 #: describes instead
 _RUN_SETTINGS = ("no_add_extra_token_to_sequence", "no_drop_last_partial_validation_sequence", "tokenizer_identifiers",
-                 "tokenizer_from_description", "megatron_python", "prepare_cache_world_size")
+                 "tokenizer_from_description", "megatron_python", "prepare_cache_world_size", "yaml_cfg")
 
 
 def _bridge_config(args: argparse.Namespace, comm: Comm):
@@ -490,6 +505,10 @@ class _Parser(argparse.ArgumentParser):
         from ..megatron.command import nearest, set_aside
 
         namespace, extras = super().parse_known_args(args, namespace)
+        if self.reads_training_command:  # build's words and flags, for the command as training has it
+            namespace.words = list(args or [])
+            namespace.own_flags = {name: 1 if a.nargs is None else a.nargs
+                                   for name, a in self._option_string_actions.items()}
         if extras and self.reads_training_command:
             try:
                 namespace.training_flags = set_aside(extras, _version_of(namespace), self._option_string_actions)
@@ -620,6 +639,10 @@ def _add_build_args(sub) -> None:
                         "checkpoint's run_config.yaml): the data, split, sequence length, seed, cache path, "
                         "tokenizer and sample counts all come from it, as Bridge's first run computes them, "
                         "instead of the Megatron-LM flags below")
+    p.add_argument("--yaml-cfg", metavar="FILE.yaml", type=nonempty,
+                   help="Megatron-LM's experimental YAML arguments, read as training reads them: its top-level "
+                        "keys are the arguments (data_path, split, seq_length, ...), the parallel sizes are in "
+                        "its model_parallel section, and every other training flag given is ignored")
     g = p.add_argument_group("data (exactly one of these forms, as in Megatron-LM)")
     g.add_argument("--data-path", nargs="+", metavar="WORD",
                    help="PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (a weighted blend), or PREFIX1 PREFIX2 ... "
@@ -672,7 +695,11 @@ def _add_build_args(sub) -> None:
                    help="ask the Megatron this interpreter imports (in this environment, so a Megatron-LM "
                         "checkout on PYTHONPATH counts) for the tokenizer identity, built from these flags by "
                         "its own build_tokenizer; it must agree with megacache's table where the table knows "
-                        "that version (a newer one is followed as it answers). Costs one import of Megatron")
+                        "that version (a newer one is followed as it answers). With Megatron-LM there and a "
+                        "whole training command, its own parse_args and validate_args also read the command, "
+                        "as tools/prepare_cache.py does: the samples per split, seed, split, blends and cache "
+                        "path it gives must be megacache's, or the build stops naming each field that differs. "
+                        "Costs one import of Megatron")
     p.add_argument("--dry-run", action="store_true",
                    help="build nothing: list every cache entry the build would write (its state: complete, "
                         "missing, partial or stale; split; samples; files), and the other files it writes; "

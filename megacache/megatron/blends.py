@@ -32,6 +32,10 @@ class Blend:
     prefixes: tuple[str, ...]
     weights: tuple[float, ...] | None = None
 
+    def as_megatron(self) -> list:
+        """As ``get_blend_and_blend_per_split`` gives it: prefixes, and weights or None."""
+        return [list(self.prefixes), None if self.weights is None else list(self.weights)]
+
     @property
     def is_single(self) -> bool:
         """One prefix without a weight: plain GPTDatasets, no BlendedDataset."""

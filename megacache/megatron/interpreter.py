@@ -1,6 +1,6 @@
 """The Megatron a user's training runs, asked directly (``--megatron-python PYTHON``): that
 interpreter, in megacache's environment (so a Megatron-LM checkout on PYTHONPATH counts), builds the
-tokenizer from the same flags with its own ``build_tokenizer`` (``identity_worker.py``, a process of
+tokenizer from the same flags with its own ``build_tokenizer`` (``training_worker.py``, a process of
 its own without torch.distributed) and reports the ``unique_identifiers`` that training hashes.
 
 Where megacache's table knows that version, both must agree, or the build stops naming each field
@@ -20,7 +20,7 @@ from .flags import flag_words, resolve_flags
 from .tokenizer import TOKENIZER_FLAGS, special_tokens, tokenizer_identifiers
 from .versions import SUPPORTED, at_least, minor_of, normalize, resolve
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "identity_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training_worker.py")
 #: ``args`` attributes build_tokenizer reads beyond the tokenizer flags: its vocabulary padding,
 #: which does not enter the identity
 _PADDING = dict(make_vocab_size_divisible_by=128, tensor_model_parallel_size=1, rank=0)
@@ -36,13 +36,18 @@ class Identity:
     identifiers: dict
     megatron: str | None = None         # the version the Megatron asked reports, e.g. 0.19.2
     note: str | None = None             # for the user, when the table could not check the answer
+    #: what that Megatron-LM builds from the whole training command (training_worker.read_command)
+    command: dict | None = None
 
 
-def identity(given: dict, megatron_version: str | None = None, megatron_python: str | None = None) -> Identity:
+def identity(given: dict, megatron_version: str | None = None, megatron_python: str | None = None,
+             command: dict | None = None) -> Identity:
     """From the tokenizer flags ``given``: asked of the interpreter ``megatron_python`` (checked
-    against the table), else megacache's table for ``megatron_version`` (``versions.resolve``)."""
+    against the table), else megacache's table for ``megatron_version`` (``versions.resolve``).
+    ``command`` (``{"words": [...], "world_size": N}``): the whole training command, which that
+    interpreter's Megatron-LM also reads (``Identity.command``)."""
     if megatron_python:
-        return asked_identifiers(megatron_python, given, megatron_version)
+        return asked_identifiers(megatron_python, given, megatron_version, command)
     version = resolve(megatron_version)
     return Identity(version, tokenizer_identifiers(megatron_version=version, **given))
 
@@ -57,14 +62,14 @@ def attributes(version: str, given: dict) -> dict:
     return {**args, **_PADDING}
 
 
-def ask(python: str, cases: list[dict], timeout_s: float = 600) -> dict:
+def ask(python: str, cases: list[dict], timeout_s: float = 600, command: dict | None = None) -> dict:
     """The worker's answer for the tokenizer flags of each case: ``version``, and ``answers`` (per
-    case ``identifiers`` or ``error``) or ``error``."""
+    case ``identifiers`` or ``error``) or ``error``; and for ``command``, ``command``."""
     # megacache's defaults for every version it knows; the worker takes its own version's, or the
     # newest's for a Megatron newer than the table.
     request = {"cases": [{"words": flag_words(TOKENIZER_FLAGS, given),
                           "attributes": _attributes_by_version(given)}
-                         for given in cases]}
+                         for given in cases], "command": command}
     try:
         done = subprocess.run([python, WORKER], input=json.dumps(request), capture_output=True, text=True,
                               timeout=timeout_s, env=os.environ.copy())
@@ -101,10 +106,11 @@ def _attributes_by_version(given: dict) -> dict:
     return out
 
 
-def asked_identifiers(python: str, given: dict, requested: str | None = None) -> Identity:
+def asked_identifiers(python: str, given: dict, requested: str | None = None, command: dict | None = None) -> Identity:
     """The tokenizer identity of the Megatron ``python`` imports, checked against megacache's table
-    where it knows that version; ``requested`` (``--megatron-version``) must name the same version."""
-    answer = ask(python, [given])
+    where it knows that version; ``requested`` (``--megatron-version``) must name the same version.
+    ``command``: also asked of it (``ask``)."""
+    answer = ask(python, [given], command=command)
     found = answer.get("version")
     if "error" in answer:
         error = answer["error"]
@@ -131,7 +137,7 @@ def asked_identifiers(python: str, given: dict, requested: str | None = None) ->
                                  f"versions megacache reproduces ({', '.join(SUPPORTED)})")
         return Identity(newest, ids, found,
                         f"megatron-core {found} is newer than megacache's table ({newest}): its own tokenizer "
-                        f"identity names the cache; the indices follow {newest}")
+                        f"identity names the cache; the indices follow {newest}", answer.get("command"))
     table = tokenizer_identifiers(megatron_version=known, **given)
     problems = differences(ids, table)
     if problems:
@@ -141,7 +147,7 @@ def asked_identifiers(python: str, given: dict, requested: str | None = None) ->
             + "\n".join(f"  {p}" for p in problems)
             + "\nIf your Megatron is patched, pass its identity with --tokenizer-identifiers FILE.json; "
               "otherwise report this as a megacache bug")
-    return Identity(known, ids, found)
+    return Identity(known, ids, found, command=answer.get("command"))
 
 
 def differences(asked: dict, table: dict) -> list[str]:
@@ -158,3 +164,17 @@ def differences(asked: dict, table: dict) -> list[str]:
     if not out and list(asked) != list(table):
         out.append(f"field order: this Megatron has {list(asked)}, megacache's table has {list(table)}")
     return out
+
+
+def command_differences(asked: dict, mine: dict) -> list[str]:
+    """Each field of what training builds (``training_worker.read_command``) where the Megatron asked
+    (``asked``) and megacache's own reading of the same command (``mine``) differ."""
+    return [f"{key}: your Megatron has {asked[key]!r}, megacache read {mine[key]!r}"
+            for key in mine if key in asked and _plain(asked[key]) != _plain(mine[key])]
+
+
+def _plain(value):
+    """``value`` with tuples as lists, as JSON carries them."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

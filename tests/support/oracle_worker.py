@@ -12,7 +12,8 @@ Requests:
   checkout's ``megatron.training``; the wheels have none): names, destination, switch or not, default.
 * ``{"task": "training_flags", "tools": DIR or null}``: every flag of the training parser
   Megatron-LM's arguments.py builds (``add_megatron_arguments``), and those tools/prepare_cache.py adds
-  to it where ``tools`` holds one: each flag's spellings and how many words it takes.
+  to it where ``tools`` holds one: each flag's spellings and how many words it takes, and the
+  attribute (destination) each training flag sets.
 * ``{"task": "caches", "configs": [...]}``: for each configuration, megatron-core's
   ``BlendedMegatronDatasetBuilder(GPTDataset, ...).build()`` writing its cache to ``path_to_cache``;
   the answer per configuration is None or how it refused (``refusal``).
@@ -116,6 +117,8 @@ def training_flags(request: dict) -> dict:
     parser = argparse.ArgumentParser(allow_abbrev=False)
     add_megatron_arguments(parser)
     training = described(parser, set())
+    # the attribute each flag sets, by which --yaml-cfg's keys name them
+    destinations = {a.dest: a.option_strings[0] for a in parser._actions if a.dest != "help"}
     prepare_cache = {}
     if request.get("tools"):
         sys.path.insert(0, request["tools"])
@@ -123,7 +126,7 @@ def training_flags(request: dict) -> dict:
 
         tool.add_prepare_cache_args(parser)
         prepare_cache = described(parser, set(training))
-    return {"training": training, "prepare_cache": prepare_cache}
+    return {"training": training, "destinations": destinations, "prepare_cache": prepare_cache}
 
 
 class LoopsForever(Exception):

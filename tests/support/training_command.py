@@ -1,13 +1,14 @@
 """A training command as users have it: the flags of a Megatron-LM example script (model, optimizer,
 parallelism, mixed precision, logging, checkpointing), which ``megacache build`` must take verbatim
 beside the data flags. Each version gets the flags its training parser knows (the recorded table),
-so every command is one that version's training accepts."""
+so every command is one that version's training accepts; ``training_yaml`` is the same command as
+Megatron's --yaml-cfg file."""
 
 from __future__ import annotations
 
 import shlex
 
-from megacache.megatron.command import flags_of
+from megacache.megatron.command import YAML_SECTIONS, destinations, flags_of
 
 #: flag groups in the style of Megatron-LM's examples/ scripts; none of them changes the caches
 MODEL = """
@@ -80,3 +81,39 @@ def training_command(version: str, data_flags: list[str]) -> list[str]:
     others = other_flags(version)
     half = len(others) // 2
     return [w for g in others[:half] for w in g] + data_flags + [w for g in others[half:] for w in g]
+
+
+def training_yaml(version: str, data_flags: list[str]) -> dict:
+    """``training_command(version, data_flags)`` as a --yaml-cfg file holds it: each flag under the
+    attribute it sets (a switch true, or false where it turns its setting off), numbers as numbers,
+    the parallel sizes in the model_parallel section; a model setting in language_model."""
+    attribute = {}
+    for dest, flag in destinations(version).items():
+        attribute[flag] = dest
+    for dest in destinations(version):  # a flag's other spellings, e.g. --no-x setting x
+        for name in flags_of(version):
+            if name.replace("--no-", "--") == f"--{dest.replace('_', '-')}" and name not in attribute:
+                attribute[name] = dest
+    config: dict = {section: {} for section in YAML_SECTIONS}
+    for flag, *values in groups(" ".join(training_command(version, data_flags))):
+        dest = attribute[flag]
+        if not values:
+            value = not flag.startswith(("--no-", "--disable-"))
+        elif flags_of(version)[flag] == 1:
+            value = _scalar(values[0])
+        else:
+            value = [_scalar(v) for v in values]
+        section = {"tensor_model_parallel_size": "model_parallel", "pipeline_model_parallel_size": "model_parallel",
+                   "context_parallel_size": "model_parallel", "num_layers": "language_model",
+                   "hidden_size": "language_model", "num_attention_heads": "language_model"}.get(dest)
+        (config[section] if section else config)[dest] = value
+    return config
+
+
+def _scalar(word: str):
+    for kind in (int, float):
+        try:
+            return kind(word)
+        except ValueError:
+            pass
+    return word

@@ -3,7 +3,8 @@ training parser knows (megacache/megatron/training_flags.json, recorded from eac
 parser) is accepted, those that decide the caches are used and the rest change nothing; a flag that
 version does not know, an abbreviation, a flag without its values, a value without a flag, and
 flags whose effect megacache does not reproduce are each an error that exits 2 and writes nothing.
-``@FILE`` reads words from FILE as a shell splits them."""
+``@FILE`` reads words from FILE as a shell splits them; ``--yaml-cfg FILE`` reads Megatron's YAML
+arguments as its training does, ignoring the flags beside it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import shlex
 import subprocess
 
 import pytest
+import yaml
 
 from megacache.errors import MegacacheError
 from megacache.interfaces import cli
@@ -22,7 +24,7 @@ from megacache.megatron.training import SIZE_FLAGS, split_sizes
 from megacache.megatron.versions import SUPPORTED
 from support import run_cli
 from support.oracle import write_lengths
-from support.training_command import other_flags, training_command
+from support.training_command import other_flags, training_command, training_yaml
 
 DATA = ["--data-path", "d", "--seq-length", "8", "--train-iters", "20", "--global-batch-size", "2",
         "--eval-iters", "2", "--eval-interval", "10", "--split", "90,8,2", "--seed", "7",
@@ -93,6 +95,99 @@ def test_a_whole_training_command_builds_what_its_data_flags_build(version, here
     built = files("alone")
     assert len(built) == 13 and files("whole") == built and files("file") == built  # 12 and the sequences file
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_a_yaml_configuration_builds_what_the_same_command_builds(version, here, capsys):
+    version_flags = ["--megatron-version", version]
+    assert cli.main(["build", *training_command(version, DATA), *version_flags, "--data-cache-path", "words"]) == 0
+    config = training_yaml(version, [*DATA, "--data-cache-path", "yaml"])
+    assert len(config) > 100
+    (here / "train.yaml").write_text(yaml.safe_dump(config))
+    # as training does, the flags beside --yaml-cfg are ignored, with a warning here
+    assert cli.main(["build", "--yaml-cfg", "train.yaml", "--seed", "99", "--lr", "1", *version_flags]) == 0
+    assert capsys.readouterr().err == ("megacache build: warning: with --yaml-cfg, training reads its arguments from "
+                                       "train.yaml alone and ignores --seed, --lr; so does this build\n")
+    assert files("yaml") == files("words")
+    # the data path as one string of words, which Megatron's YAML reading splits at whitespace
+    config.update(data_path="1 d", data_cache_path="string")
+    (here / "train.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["build", "--yaml-cfg", "train.yaml", *version_flags]) == 0
+    weighted = [w if w != "d" else "1 d" for w in DATA]
+    weighted = weighted[:1] + weighted[1].split() + weighted[2:]
+    assert cli.main(["build", *weighted, *version_flags, "--data-cache-path", "list"]) == 0
+    assert len(files("string")) == 22 and files("string") == files("list")  # 12, a blend's 9, the sequences file
+    capsys.readouterr()
+
+
+def test_yaml_parallel_sizes_come_from_model_parallel_fitted_to_the_world(here, capsys):
+    config = {"data_path": ["d"], "seq_length": 8, "train_iters": 20, "micro_batch_size": 2, "eval_iters": 2,
+              "eval_interval": 10, "tokenizer_type": "NullTokenizer", "vocab_size": 100, "split": "90,8,2",
+              "tensor_model_parallel_size": 1, "model_parallel": {"tensor_model_parallel_size": 16,
+                                                                  "pipeline_model_parallel_size": 2}}
+    (here / "train.yaml").write_text(yaml.safe_dump(config))
+    # validate_yaml: tensor min(16, 8) = 8, pipeline min(2, 8 // 8) = 1, so data-parallel size 1
+    assert cli.main(["build", "--yaml-cfg", "train.yaml", "--prepare-cache-world-size", "8", "--dry-run", "--json",
+                     "--megatron-version", "0.19"]) == 0
+    import json
+    requested = [e["requested"] for e in json.loads(capsys.readouterr().out)["entries"]]
+    assert requested == [20 * 2, 3 * 2 * 2, 2 * 2]
+
+
+YAML_REFUSALS = [
+    ("data_path: d\n", "data_path: 'd' is one word, which Megatron-LM reads letter by letter as dataset prefixes; "
+                       "write a list: data_path: [d]"),
+    ("mock_data: true\n", f"mock_data: --mock-data cannot be built: {REFUSED['--mock-data']}"),
+    ("model_parallel: 2\n", "model_parallel: a section of settings is expected, got 2"),
+    ("model_parallel: {tensor_model_parallel_size: 0}\n",
+     "model_parallel.tensor_model_parallel_size: a positive integer is expected, got 0"),
+    ("- data_path\n", "a mapping of Megatron-LM's argument names to values is expected, got list"),
+    ("data_path: [d\n", "not YAML (while parsing a flow sequence"),
+]
+
+
+@pytest.mark.parametrize("text, message", YAML_REFUSALS, ids=[m[:30] for _, m in YAML_REFUSALS])
+def test_a_yaml_configuration_training_would_not_read_exits_2_naming_the_key(text, message, here, capsys):
+    (here / "train.yaml").write_text(text)
+    before = sorted(os.listdir())
+    status, err = run_cli(["build", "--yaml-cfg", "train.yaml", "--megatron-version", "0.19"], capsys)
+    assert status == 2 and sorted(os.listdir()) == before
+    assert f"megacache build: error: --yaml-cfg train.yaml: {message}" in err
+
+
+def test_a_yaml_key_no_argument_reads_is_named_with_what_it_likely_meant(here, capsys):
+    (here / "train.yaml").write_text("data_pth: [d]\nrank: 0\n")
+    status, err = run_cli(["build", "--yaml-cfg", "train.yaml", "--megatron-version", "0.19"], capsys)
+    assert status == 2 and err.splitlines()[:2] == [
+        "megacache build: warning: --yaml-cfg train.yaml: data_pth is no argument of Megatron-LM 0.19's training "
+        "parser; megacache reads nothing from it; did you mean data_path, metadata_path or test_data_path?",
+        "megacache build: warning: --yaml-cfg train.yaml: rank is no argument of Megatron-LM 0.19's training parser; "
+        "megacache reads nothing from it"]
+
+
+def test_megatrons_own_example_yaml_keys_are_arguments_of_its_training():
+    # the top-level keys of Megatron-LM 0.16's examples/gpt3/gpt_config.yaml (beside its two sections)
+    keys = """use_legacy_models spec micro_batch_size global_batch_size rampup_batch_size
+    check_for_nan_in_loss_and_grad num_layers_per_virtual_pipeline_stage encoder_num_layers decoder_num_layers
+    rotary_seq_len_interpolation_factor add_position_embedding make_vocab_size_divisible_by group_query_attention
+    exit_signal_handler exit_duration_in_mins exit_interval untie_embeddings_and_output_weights
+    position_embedding_type rotary_percent openai_gelu squared_relu swiglu onnx_safe bert_binary_head
+    max_position_embeddings transformer_impl use_flash_attn seed data_parallel_random_init optimizer lr
+    lr_decay_style lr_decay_iters lr_decay_samples lr_warmup_fraction lr_warmup_iters lr_warmup_samples
+    lr_warmup_init min_lr weight_decay start_weight_decay end_weight_decay weight_decay_incr_style clip_grad
+    adam_beta1 adam_beta2 adam_eps sgd_momentum override_opt_param_scheduler use_checkpoint_opt_param_scheduler
+    save save_interval no_save_optim no_save_rng load no_load_optim no_load_rng finetune use_checkpoint_args
+    exit_on_missing_checkpoint loss_scale initial_loss_scale min_loss_scale loss_scale_window hysteresis
+    accumulate_allreduce_grads_in_fp32 fp16_lm_cross_entropy distributed_backend distributed_timeout_minutes
+    overlap_grad_reduce overlap_param_gather scatter_gather_tensors_in_pipeline local_rank lazy_mpu_init
+    empty_unused_memory_level use_distributed_optimizer train_iters eval_iters eval_interval skip_train
+    data_path split train_data_path valid_data_path test_data_path data_cache_path mock_data vocab_size
+    vocab_file merge_file vocab_extra_ids seq_length encoder_seq_length decoder_seq_length num_workers
+    tokenizer_type tokenizer_model reset_position_ids reset_attention_mask eod_mask_loss train_samples
+    dataloader_type log_interval tensorboard_dir""".split()
+    from megacache.megatron.command import destinations
+
+    assert [k for k in keys if k not in destinations("0.16")] == []
 
 
 def test_verbose_lists_the_flags_set_aside(here, capsys):
