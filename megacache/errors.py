@@ -23,6 +23,10 @@ class CacheNotBuilt(MegacacheError):
     """An entry a configuration needs is not in the cache directory."""
 
 
+class CacheDamaged(MegacacheError):
+    """An entry a configuration needs is there, but its files are not what it must hold."""
+
+
 class _PhaseFailures:
     """Ranks that failed in a phase, each with its message, said once per distinct message."""
 

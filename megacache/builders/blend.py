@@ -50,10 +50,14 @@ class BlendTask:
     recomputed: int = 0                 # samples recomputed by repairs of wrong chunk guesses
 
     @property
+    def arrays(self) -> dict:
+        """Each array file's dtype and shape."""
+        return {w: (np.dtype(d), (self.size,)) for w, d in BLEND_ARRAYS.items()}
+
+    @property
     def marker(self) -> dict:
         """What the blend depends on beyond its hashed description: its children's lengths."""
-        return {"lengths": self.lengths.tolist(),
-                "arrays": array_records({w: (d, (self.size,)) for w, d in BLEND_ARRAYS.items()})}
+        return {"lengths": self.lengths.tolist(), "arrays": array_records(self.arrays)}
 
     @property
     def summary(self) -> str:

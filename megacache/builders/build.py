@@ -20,6 +20,7 @@ Order of work, chosen so that nothing is wasted and nothing partial is visible:
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 import time
@@ -33,9 +34,10 @@ from ..algorithms.checks import integer
 from ..algorithms.splits import split_matrix
 from ..runtime.comm import Comm, get_comm
 from ..runtime.coordination import ALL, guarded, tidy
-from ..errors import MegacacheError
-from ..formats.npy import read_npy_header
+from ..errors import CacheDamaged, FormatError, MegacacheError
+from ..formats.npy import npy_header, read_npy_layout
 from ..runtime.fsio import make_directories, write_atomic
+from ..runtime.log import LOG
 from ..megatron.blends import Blend
 from ..megatron.cache import SPLIT_NAMES, existing, nearest_built, present_files
 from ..megatron.sequences import default_path, sequences_json
@@ -198,11 +200,57 @@ def drift(item, record: dict | None) -> list[str]:
     dtypes and shapes, read from their headers."""
     expected = item.marker
     if record is None:
-        found = array_records({w: read_npy_header(item.entry.path(w)) for w in expected["arrays"]})
+        found = array_records({w: read_npy_layout(item.entry.path(w))[:2] for w in expected["arrays"]})
         record = {"arrays": found}
         expected = {"arrays": expected["arrays"]}
     return [f"{key}: built with {record.get(key)!r}, this configuration gives {value!r}"
             for key, value in expected.items() if record.get(key) != value]
+
+
+def damage(item) -> list[str]:
+    """How the files of an entry that is there differ from what ``item`` says they hold (empty:
+    intact): the description's bytes, and each array's header (the exact bytes numpy writes for
+    its dtype and shape) and length. One open and read per file, no parsing unless a header
+    differs: cheap for tens of thousands of files."""
+    e = item.entry
+    stem = os.path.join(e.directory, e.stem)
+    out = []
+    expected = e.description.encode("utf-8")
+    try:
+        found = _read_start(f"{stem}-description.txt", len(expected) + 1)[0]
+    except OSError as exc:
+        out.append(f"description.txt: cannot be read ({exc.strerror})")
+    else:
+        if found != expected:
+            out.append("description.txt: not this entry's description")
+    for what, (dtype, shape) in item.arrays.items():
+        header = npy_header(dtype, shape)
+        try:
+            start, size = _read_start(f"{stem}-{what}", len(header))
+        except OSError as exc:
+            out.append(f"{what}: cannot be read ({exc.strerror})")
+            continue
+        if start == header:
+            expected_size = len(header) + dtype.itemsize * math.prod(shape)
+            if size != expected_size:
+                out.append(f"{what}: {size:,} bytes, its header says {expected_size:,}")
+            continue
+        try:  # say what is there instead
+            layout = read_npy_layout(e.path(what))
+        except FormatError:
+            out.append(f"{what}: not a readable .npy file")
+            continue
+        out.append(f"{what}: holds {layout.dtype.str} {layout.shape}, the entry's array is {dtype.str} {tuple(shape)}")
+    return out
+
+
+def _read_start(path: str, length: int) -> tuple[bytes, int]:
+    """The first ``length`` bytes of a file and its size."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, 0), os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def _drifts(items: list, present: list[bool]) -> list[list[str]]:
@@ -211,6 +259,12 @@ def _drifts(items: list, present: list[bool]) -> list[list[str]]:
     manifests = {d: read_manifest(d) for d in {item.entry.directory for item, hit in zip(items, present) if hit}}
     return [drift(item, manifests[item.entry.directory].get(item.entry.stem)) if hit else []
             for item, hit in zip(items, present)]
+
+
+def _damaged_text(damaged: list) -> str:
+    shown = "\n".join(f"  {item.entry.path('description.txt')}: " + "; ".join(problems)
+                       for item, problems in damaged[:5])
+    return shown + (f"\n  ... and {len(damaged) - 5} more" if len(damaged) > 5 else "")
 
 
 def _stale_error(stale: list) -> MegacacheError:
@@ -260,24 +314,44 @@ def plan(cfg: BuildConfig, comm: Comm | None = None, decide_reuse: bool = True) 
     return planned
 
 
-def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm) -> None:
+def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm, say: bool = False) -> None:
+    """Which entries to reuse: those there, intact and built from this configuration; ``say``: warn
+    of the damaged ones being rebuilt."""
     items = planned.items
     present = comm.on_root(lambda: existing([item.entry for item in items]), "looking for existing caches")
-    drifts = _check_existing(planned, present, comm)
-    stale = [(item, problems) for item, problems in zip(items, drifts) if problems]
+    checked = _check_existing(planned, present, comm)
+    stale = [(item, problems) for item, (problems, _) in zip(items, checked) if problems]
     if stale and not cfg.rebuild_stale:
         raise _stale_error(stale)  # on every rank alike: the drifts were broadcast
-    for item, hit, problems in zip(items, present, drifts):
-        item.reused = hit and not problems
+    damaged = [(item, problems) for item, (_, problems) in zip(items, checked) if problems]
+    if damaged:
+        if not cfg.rebuild_damaged:
+            it = "it" if len(damaged) == 1 else "them"
+            raise CacheDamaged(f"{len(damaged)} existing cache entr{'y is' if len(damaged) == 1 else 'ies are'} "
+                               f"damaged (training would fail on {it}):\n{_damaged_text(damaged)}\n"
+                               f"`megacache build` without --no-rebuild (BuildConfig.rebuild_damaged) rebuilds {it}")
+        if say and comm.rank == 0:
+            LOG.warning(f"megacache: warning: rebuilding {len(damaged)} damaged cache "
+                        f"entr{'y' if len(damaged) == 1 else 'ies'}:\n{_damaged_text(damaged)}")
+    for item, hit, (problems, broken) in zip(items, present, checked):
+        item.reused = hit and not problems and not broken
 
 
-def _check_existing(planned: Plan, present: list[bool], comm: Comm) -> list[list[str]]:
-    """``_drifts`` of the entries present, on every rank. The drift check compares what an entry was
-    built from, its lengths' checksum included: the lengths of the entries found are read
-    (collectively), no others."""
+def _check_existing(planned: Plan, present: list[bool], comm: Comm) -> list[tuple[list[str], list[str]]]:
+    """For each entry, how it drifted from this configuration (``_drifts``) and, if it is there and
+    did not, how its files are damaged (``damage``), on every rank. The drift check compares what
+    an entry was built from, its lengths' checksum included: the lengths of the entries found are
+    read (collectively), no others. The damage check is dealt over the ranks."""
     found = [j for j, hit in zip(planned.gpt, present) if hit and j.length_checksum is None]
     measure_lengths(found, planned.datasets, comm)
-    return comm.on_root(lambda: _drifts(planned.items, present), "checking existing caches")
+    items = planned.items
+    drifts = comm.on_root(lambda: _drifts(items, present), "checking existing caches")
+    intact = [i for i, (hit, problems) in enumerate(zip(present, drifts)) if hit and not problems]
+    damages: list[list[str]] = [[] for _ in items]
+    for part in comm.allgather([(i, damage(items[i])) for i in intact[comm.rank::comm.size]]):
+        for i, problems in part:
+            damages[i] = problems
+    return list(zip(drifts, damages))
 
 
 @dataclass
@@ -287,16 +361,18 @@ class EntryState:
     item: GPTTask | BlendTask
     present: tuple[bool, ...]           # per file, in ``item.entry.names`` order
     problems: list[str]                 # how a complete entry drifted from this configuration
+    damage: list[str]                   # how the files of a complete entry are damaged (``damage``)
     #: for a missing entry, a complete one differing in one field only (``nearest_built``)
     near: str | None = None
 
     @property
     def state(self) -> str:
         """complete (a build reuses it), missing, partial (a build replaces it: Megatron's cache
-        hit needs every file), or stale (complete, but built from other data or settings: a build
-        refuses it, or replaces it with --rebuild-stale)."""
+        hit needs every file), stale (complete, but built from other data or settings: a build
+        refuses it, or replaces it with --rebuild-stale), or damaged (its files are not what its
+        plan says: a build replaces it, or refuses it with --no-rebuild)."""
         if all(self.present):
-            return "stale" if self.problems else "complete"
+            return "stale" if self.problems else "damaged" if self.damage else "complete"
         return "partial" if any(self.present) else "missing"
 
     @property
@@ -313,10 +389,10 @@ def inventory(cfg: BuildConfig, comm: Comm | None = None) -> tuple[Plan, list[En
     planned = plan(cfg, comm, decide_reuse=False)
     items = planned.items
     files = comm.on_root(lambda: present_files([item.entry for item in items]), "looking for existing caches")
-    drifts = _check_existing(planned, [all(f) for f in files], comm)
+    checked = _check_existing(planned, [all(f) for f in files], comm)
     near = comm.on_root(lambda: nearest_built([item.entry for item in items], [any(f) for f in files]),
                         "looking for entries built with other settings")
-    states = [EntryState(item, f, d, n) for item, f, d, n in zip(items, files, drifts, near)]
+    states = [EntryState(item, f, d, b, n) for item, f, (d, b), n in zip(items, files, checked, near)]
     others = sorted({manifest_path(s.item.entry.directory) for s in states if s.state != "complete"})
     update = comm.on_root(lambda: _sequences_update(planned, cfg), "reading Megatron's per-dataset sequences file")
     return planned, states, others + ([update[0]] if update else [])
@@ -350,7 +426,7 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     directories = [item.entry.directory for item in planned.todo]
     entries = len(planned.todo)
     with guarded(comm, directories, CACHE_LOCK, ALL, f"megacache build of {entries} entries") as guard:
-        _decide_reuse(planned, cfg, comm)  # what a job we waited for built is reused now
+        _decide_reuse(planned, cfg, comm, say=True)  # what a job we waited for built is reused now
         timer.mark("lock")
         _build_locked(planned, cfg, comm, guard, timer)
         sequences = _write_sequences(planned, cfg, comm)  # still watched: a rank that hangs now is seen

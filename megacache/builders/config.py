@@ -58,6 +58,9 @@ class BuildConfig:
     #: replace existing entries that megacache's manifest shows were built from other data or
     #: settings (else that is an error)
     rebuild_stale: bool = False
+    #: replace existing entries whose files are damaged (truncated, extended, another array in
+    #: them: training would fail on them); else that is an error
+    rebuild_damaged: bool = True
     #: where to write Megatron's --per-dataset-sequences-path JSON (default: in ``cache_dir``, as
     #: ``megatron.sequences.FILE_NAME``; "" writes none)
     sequences_path: str | None = None

@@ -133,8 +133,13 @@ class GPTTask:
             # only the valid split's walk reads it; the others always drop the last partial sample
             "drop_last_partial_sequence": self.settings.drop_last(self.name),
             "num_samples": p.num_samples,
-            "arrays": array_records(array_shapes(p)),
+            "arrays": array_records(self.arrays),
         }
+
+    @property
+    def arrays(self) -> dict:
+        """Each array file's dtype and shape."""
+        return array_shapes(self.plan)
 
     @property
     def cost(self) -> int:

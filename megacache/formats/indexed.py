@@ -127,6 +127,9 @@ def _layout_of(f, path: str) -> IndexLayout:
             f"{path}: truncated: {size} bytes, but S={s} sequences and C={c} document "
             f"entries need {layout.idx_size}"
         )
+    if size > layout.idx_size:  # a count in the header is wrong (every reader then misplaces the arrays)
+        raise FormatError(f"{path}: {size} bytes, but S={s} sequences and C={c} document entries make exactly "
+                          f"{layout.idx_size}: its header is damaged or the file was extended; re-create the dataset")
     return layout
 
 

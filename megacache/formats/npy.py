@@ -12,6 +12,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Callable
+from typing import NamedTuple
 from concurrent.futures import Executor, Future
 
 import numpy as np
@@ -144,16 +145,35 @@ class NpyWriter:
         self.close()
 
 
-def read_npy_header(path: str) -> tuple[np.dtype, tuple[int, ...]]:
-    """``(dtype, shape)`` of an ``.npy`` file from its header alone."""
+class NpyLayout(NamedTuple):
+    """An ``.npy`` file as its header describes it, and its size on disk."""
+
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    data_offset: int                    # where the array's bytes start
+    file_size: int
+
+    @property
+    def problem(self) -> str | None:
+        """How the file's size disagrees with its header (None: it holds exactly the array)."""
+        expected = self.data_offset + self.dtype.itemsize * math.prod(self.shape)
+        if self.file_size == expected:
+            return None
+        return f"{self.file_size:,} bytes, its header says {expected:,}"
+
+
+def read_npy_layout(path: str) -> NpyLayout:
+    """An ``.npy`` file's header, without reading its array."""
     try:
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
             read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
             shape, _, dtype = read(f)
+            offset = f.tell()
+            size = os.fstat(f.fileno()).st_size
     except (ValueError, OSError) as exc:
         raise FormatError(f"{path}: not a readable .npy header ({exc})") from None
-    return np.dtype(dtype), tuple(shape)
+    return NpyLayout(np.dtype(dtype), tuple(shape), offset, size)
 
 
 def load_npy(path: str, mmap: bool = True) -> np.ndarray:

@@ -25,13 +25,13 @@ and memory-maps the files.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..builders.build import BuildConfig, BuildResult, build, plan
 from ..megatron.tokenizer import tokenizer_identifiers
 from ..megatron.training import split_sizes
 from ..runtime.comm import SingleComm, TorchComm
-from ..errors import CacheNotBuilt
+from ..errors import CacheDamaged, CacheNotBuilt
 from ..readers.samples import NO_PAD, BlendedSamples, GPTSamples
 
 __all__ = ["BuildConfig", "BuildResult", "build", "split_sizes", "tokenizer_identifiers", "open_cache", "prepare_cache",
@@ -40,8 +40,9 @@ __all__ = ["BuildConfig", "BuildResult", "build", "split_sizes", "tokenizer_iden
 
 def open_cache(cfg: BuildConfig, pad_id: int = NO_PAD) -> dict[str, GPTSamples | BlendedSamples]:
     """The built splits of ``cfg`` by name (one prefix: ``GPTSamples``; blends: ``BlendedSamples``).
-    Raises if any entry is missing, naming it and how to build it."""
-    planned = plan(cfg, SingleComm())
+    Raises if any entry is missing (``CacheNotBuilt``) or damaged (``CacheDamaged``), naming it and
+    how to build it."""
+    planned = plan(replace(cfg, rebuild_damaged=False), SingleComm())  # a damaged entry is refused
     missing = [e.entry for e in [*planned.gpt, *planned.blends] if not e.reused]
     if missing:
         raise CacheNotBuilt(
@@ -77,13 +78,21 @@ def prepare_cache(cfg: BuildConfig, timeout_s: float = 3600.0, pad_id: int = NO_
     own whose timeout (``timeout_s``) is separate from the training collectives', tells whether all
     did. If any could not (another job may be finishing it at this moment, so ranks can see
     different states), every rank builds together (waiting for that job's lock, then reusing what it
-    built), then opens. Every rank must call this with the same configuration."""
+    built), then opens. A damaged entry is refused on every rank (``CacheDamaged``), never rebuilt
+    under a running training. Every rank must call this with the same configuration."""
+    splits, damaged = None, ""
     try:
         splits = open_cache(cfg, pad_id)
     except CacheNotBuilt:
-        splits = None
+        pass
+    except CacheDamaged as exc:  # said on every rank, not left to the others to wait for
+        damaged = str(exc)
     comm = TorchComm(timeout_s=timeout_s)
-    if all(comm.allgather(splits is not None)):
+    opened = comm.allgather(damaged or splits is not None)
+    refusal = next((o for o in opened if isinstance(o, str)), None)
+    if refusal:
+        raise CacheDamaged(refusal)
+    if all(opened):
         return PreparedCache(splits, None)
     result = build(cfg, comm)
     return PreparedCache(open_cache(cfg, pad_id), result)

@@ -246,6 +246,7 @@ def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
     return BuildConfig.from_megatron_flags(
         flags, args.megatron_version, args.megatron_python, args.prepare_cache_world_size, comm, report, command,
         **({} if identity is None else {"tokenizer": identity}), rebuild_stale=args.rebuild_stale,
+        rebuild_damaged=not args.no_rebuild,
         add_extra_token=not args.no_add_extra_token_to_sequence,
         drop_last_partial_validation=not args.no_drop_last_partial_validation_sequence)
 
@@ -282,7 +283,8 @@ def _bridge_config(args: argparse.Namespace, comm: Comm):
         raise MegacacheError(f"--bridge-config {args.bridge_config} describes the run (data, sizes, tokenizer, cache "
                              f"path); leave out {', '.join(given)}")
     cfg = comm.on_root(lambda: BuildConfig.from_bridge(args.bridge_config, args.megatron_version,
-                                                       rebuild_stale=args.rebuild_stale),
+                                                       rebuild_stale=args.rebuild_stale,
+                                                       rebuild_damaged=not args.no_rebuild),
                        f"reading {args.bridge_config}")
     check_datasets(cfg.blend, cfg.blend_per_split, comm)
     return cfg
@@ -307,6 +309,8 @@ def _dry_run(cfg, comm: Comm, verbose: bool, as_json: bool) -> None:
                       "files": {w: {"path": e.path(w), "present": p} for w, p in zip(e.names, s.present)}}
             if s.problems:
                 record["problems"] = s.problems
+            if s.damage:
+                record["damage"] = s.damage
             if s.near:
                 record["nearest_built"] = s.near
             if verbose:
@@ -329,7 +333,7 @@ def _dry_run(cfg, comm: Comm, verbose: bool, as_json: bool) -> None:
                  f" ({requested:,} asked)")
         print(f"{s.state:<8} {e.split_name:<5} {e.class_name:<14} {s.samples:>14,} samples{asked}  "
               f"{os.path.join(e.directory, e.stem)}-*  {source}", flush=True)
-        for problem in s.problems:
+        for problem in s.problems + s.damage:
             print(f"         {problem}", flush=True)
         if s.near:
             print(f"         nearest built entry: {s.near}", flush=True)
@@ -684,6 +688,9 @@ def _add_build_args(sub) -> None:
                         "sequences_per_dataset.json in --data-cache-path; '' for none)")
     p.add_argument("--rebuild-stale", action="store_true",
                    help="replace existing entries built from other data or settings (default: refuse)")
+    p.add_argument("--no-rebuild", action="store_true",
+                   help="refuse, rather than rebuild, existing entries whose files are damaged (cut short, "
+                        "extended, not the array their header or the plan says)")
     _add_version_arg(p)
     g = p.add_argument_group("tokenizer (hashed into the cache name; Megatron-LM's flags, as training is given them)")
     add_flags(g, TOKENIZER_FLAGS)
@@ -702,7 +709,7 @@ def _add_build_args(sub) -> None:
                         "Costs one import of Megatron")
     p.add_argument("--dry-run", action="store_true",
                    help="build nothing: list every cache entry the build would write (its state: complete, "
-                        "missing, partial or stale; split; samples; files), and the other files it writes; "
+                        "missing, partial, stale or damaged; split; samples; files), and the other files it writes; "
                         "takes no lock, exits 0")
     p.add_argument("--json", action="store_true", help="with --dry-run: the list as JSON, for tools")
     p.add_argument("--verbose", action="store_true",

@@ -24,7 +24,7 @@ from ..errors import MegacacheError
 from ..megatron.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
 from ..formats.datatrove import DsFile, is_ds
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
-from ..formats.npy import load_npy
+from ..formats.npy import load_npy, read_npy_layout
 from ..formats.olmo import OlmoFile, given_eos, given_width, is_olmo
 from ..formats.pbin import PackedFile, is_pbin
 from ..megatron.tokenizer import tokenizer_flags, versions_of
@@ -137,10 +137,13 @@ def read_entry(e: EntrySummary, count_whole_blends: bool = True) -> None:
             e.problems.append(f"{e.path('description.txt')}: not valid JSON ({exc})")
     for what in sorted(e.present - {"description.txt"}):
         try:
+            size_problem = read_npy_layout(e.path(what)).problem
             array = load_npy(e.path(what))
         except MegacacheError as exc:
             e.problems.append(str(exc))
             continue
+        if size_problem:  # extended: the array reads, but the file is not what was written
+            e.problems.append(f"{e.path(what)}: {size_problem}; rebuild or delete the entry")
         e.arrays[what] = (array.shape, array.dtype)
         if what == "sample_index.npy":
             e.samples = max(array.shape[0] - 1, 0)
@@ -291,7 +294,8 @@ def tokenizer_note(ids: dict, version: str) -> str:
 
 
 def _format_entry(e: EntrySummary, parents: dict[str, EntrySummary], version: str) -> list[str]:
-    state = "complete" if not e.missing else f"INCOMPLETE (missing {', '.join(e.missing)})"
+    state = (f"INCOMPLETE (missing {', '.join(e.missing)})" if e.missing else
+             "DAMAGED (problems below)" if e.problems else "complete")
     md5 = {True: "md5 ok", False: "md5 MISMATCH", None: "md5 unknown (no description)"}[e.md5_ok]
     lines = [f"{e.hash} {e.class_name} {e.split_name}: {state}, {md5}"]
     ids = e.description if isinstance(e.description, dict) else None

@@ -94,7 +94,7 @@ def test_edited_description_is_an_md5_mismatch(gpt_cache):
         f.write(text.replace('"random_seed": 1234', '"random_seed": 4321'))
     report = inspect_path(cache)
     assert len(report.problems) == 1 and valid.entry.hash in report.problems[0]
-    assert f"{valid.entry.hash} GPTDataset valid: complete, md5 MISMATCH" in report.text
+    assert f"{valid.entry.hash} GPTDataset valid: DAMAGED (problems below), md5 MISMATCH" in report.text
     assert "--seed 4321" in report.text  # what the edited file now claims
     assert run_megacache(1, "inspect", cache, check=False).returncode == 2
 
