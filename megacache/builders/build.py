@@ -47,7 +47,7 @@ from .blend import BlendTask, Blending, plan_blends
 from .gpt import (Datasets, GPTBuild, GPTTask, GPTRequest, PhaseTimer, Survey, array_records,
                   measure_lengths, plan_tasks, survey_datasets)
 from .config import BuildConfig
-from .publish import manifest_path, read_manifest, updated_manifest, write_manifest
+from .publish import manifest_bytes, manifest_path, read_manifest, write_manifest
 
 #: the lock key of a cache directory
 CACHE_LOCK = "cache"
@@ -253,12 +253,34 @@ def _read_start(path: str, length: int) -> tuple[bytes, int]:
         os.close(fd)
 
 
-def _drifts(items: list, present: list[bool]) -> list[list[str]]:
+def damage_since(item, files: dict | None) -> list[str]:
+    """``damage(item)``, unless its files are as its manifest record saw them published (``files``,
+    from ``with_files``): the same size and modification time, one stat each."""
+    if files is not None:
+        stem = os.path.join(item.entry.directory, item.entry.stem)
+        try:
+            for what in item.entry.names:
+                size, mtime_ns = files[what]
+                st = os.stat(f"{stem}-{what}")
+                if st.st_size != size or st.st_mtime_ns != mtime_ns:
+                    break
+            else:
+                return []
+        except (OSError, KeyError, TypeError, ValueError):  # gone, or a record of another form
+            pass
+    return damage(item)
+
+
+def _drifts(items: list, present: list[bool]) -> list[tuple[list[str], dict | None]]:
     """For each entry, how it drifted from this configuration (rank 0): empty when it is not
-    there, or there and what this configuration would build."""
+    there, or there and what this configuration would build; and its files as the manifest
+    recorded them (None: no record)."""
     manifests = {d: read_manifest(d) for d in {item.entry.directory for item, hit in zip(items, present) if hit}}
-    return [drift(item, manifests[item.entry.directory].get(item.entry.stem)) if hit else []
-            for item, hit in zip(items, present)]
+    out = []
+    for item, hit in zip(items, present):
+        record = manifests[item.entry.directory].get(item.entry.stem) if hit else None
+        out.append((drift(item, record) if hit else [], (record or {}).get("files")))
+    return out
 
 
 def _damaged_text(damaged: list) -> str:
@@ -346,12 +368,12 @@ def _check_existing(planned: Plan, present: list[bool], comm: Comm) -> list[tupl
     measure_lengths(found, planned.datasets, comm)
     items = planned.items
     drifts = comm.on_root(lambda: _drifts(items, present), "checking existing caches")
-    intact = [i for i, (hit, problems) in enumerate(zip(present, drifts)) if hit and not problems]
+    intact = [i for i, (hit, (problems, _)) in enumerate(zip(present, drifts)) if hit and not problems]
     damages: list[list[str]] = [[] for _ in items]
-    for part in comm.allgather([(i, damage(items[i])) for i in intact[comm.rank::comm.size]]):
+    for part in comm.allgather([(i, damage_since(items[i], drifts[i][1])) for i in intact[comm.rank::comm.size]]):
         for i, problems in part:
             damages[i] = problems
-    return list(zip(drifts, damages))
+    return [(problems, damaged) for (problems, _), damaged in zip(drifts, damages)]
 
 
 @dataclass
@@ -398,14 +420,29 @@ def inventory(cfg: BuildConfig, comm: Comm | None = None) -> tuple[Plan, list[En
     return planned, states, others + ([update[0]] if update else [])
 
 
-def _manifests(items: list, version: str) -> dict[str, bytes]:
-    """Per directory, its manifest with the records of the entries just built."""
+def _manifests(items: list, version: str) -> dict[str, dict]:
+    """Per directory, its manifest's entries with the records of the entries about to be published
+    (``with_files`` adds their files once they are)."""
     records: dict[str, dict[str, dict]] = {}
     for item in items:
         e = item.entry
         records.setdefault(e.directory, {})[e.stem] = {"description_md5": e.hash, "megatron_version": version,
                                                        **item.marker}
-    return {directory: updated_manifest(directory, part) for directory, part in records.items()}
+    return {directory: {**read_manifest(directory), **part} for directory, part in records.items()}
+
+
+def with_files(entries: dict[str, dict], items: list) -> dict[str, dict]:
+    """``entries`` with each published item's files as they are now (size, modification time): a
+    later reuse check reads an array's header only where that changed (``damage_since``)."""
+    for item in items:
+        e = item.entry
+        entries[e.stem]["files"] = {what: _size_and_time(e.path(what)) for what in e.names}
+    return entries
+
+
+def _size_and_time(path: str) -> list[int]:
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
 
 
 def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
@@ -490,8 +527,9 @@ def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: Pha
             timer.mark("blend_wait")
         timer.since = time.monotonic()
         guard.enter("publish")
-        # Rank 0 encodes the manifests (thousands of records) while the entries are linked, which
-        # wait on the directory's lock more than they use a core; they are written last.
+        # Rank 0 makes the manifests' records (thousands) while the entries are linked, which wait
+        # on the directory's lock more than they use a core; they are written last, with the
+        # published files' sizes and times.
         with ThreadPoolExecutor(1, thread_name_prefix="manifest") as helper:
             manifests = (helper.submit(_manifests, [*gpt.todo, *blending.todo], planned.megatron_version)
                          if comm.is_root() else None)
@@ -501,8 +539,11 @@ def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: Pha
             comm.on_root(blending.publish, "publishing the blend caches")
 
             def write_manifests() -> None:
-                for directory, data in manifests.result().items():
-                    write_manifest(directory, data)
+                published: dict[str, list] = {}
+                for item in [*gpt.todo, *blending.todo]:
+                    published.setdefault(item.entry.directory, []).append(item)
+                for directory, entries in manifests.result().items():
+                    write_manifest(directory, manifest_bytes(with_files(entries, published[directory])))
 
             comm.on_root(write_manifests, "writing the manifest")
         timer.mark("publish")

@@ -45,14 +45,6 @@ def read_manifest(directory: str) -> dict[str, dict]:
     return entries
 
 
-def updated_manifest(directory: str, records: dict[str, dict]) -> bytes:
-    """The manifest with ``records`` added (or replaced), encoded for ``write_manifest``. Callers
-    hold the directory's lock."""
-    entries = read_manifest(directory)
-    entries.update(records)
-    return manifest_bytes(entries)
-
-
 def write_manifest(directory: str, data: bytes) -> None:
     # The state directory is removed only when empty, and the caller's lock file is in it.
     make_directories(os.path.dirname(manifest_path(directory)))

@@ -177,10 +177,7 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     compiled = load_kernels()
     from ..builders.build import build
 
-    if args.bridge_config:
-        cfg = _bridge_config(args, comm)
-    else:
-        cfg = _megatron_lm_config(args, comm)
+    cfg = build_config(args, comm)
     if args.json and not args.dry_run:
         raise MegacacheError("--json goes with --dry-run (a build prints a summary)")
     if args.verbose and args.training_flags and comm.rank == 0:
@@ -215,6 +212,12 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
     if result.sequences_path:
         print(f"  Megatron's --per-dataset-sequences-path file: {result.sequences_path}", flush=True)
     print("  phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.phases.items()), flush=True)
+
+
+def build_config(args: argparse.Namespace, comm: Comm):
+    """The ``BuildConfig`` of ``megacache build``'s parsed arguments (``build_parser``): from a
+    Megatron-Bridge configuration, or from the Megatron-LM training command."""
+    return _bridge_config(args, comm) if args.bridge_config else _megatron_lm_config(args, comm)
 
 
 def _megatron_lm_config(args: argparse.Namespace, comm: Comm):

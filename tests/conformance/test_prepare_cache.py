@@ -111,7 +111,7 @@ def test_build_on_several_ranks_writes_what_megatron_writes(monkeypatch, capsys)
 def megacache_config(case: dict):
     """megacache's own reading of ``case``'s command (in the datasets' directory)."""
     args = cli.build_parser().parse_args(["build", *case["words"], "--megatron-version", case["version"]])
-    return cli._megatron_lm_config(args, SingleComm())
+    return cli.build_config(args, SingleComm())
 
 
 @pytest.mark.parametrize("case", RECORDED, ids=IDS)
