@@ -129,13 +129,13 @@ def describe_outputs(directory: str) -> dict:
     """Files and bytes (in all and per file suffix), and for each kind of ``.npy`` array (the
     name after the last ``-``, e.g. ``sample_index``) its elements and bytes: what the
     projection scales by. megacache's state directory is not an output."""
-    from megacache.formats.npy import read_npy_header
+    from megacache.formats.npy import read_npy_layout
 
     kinds: dict[str, dict[str, int]] = {}
     names = output_names(directory)
     for name in names:
         if name.endswith(".npy"):
-            dtype, shape = read_npy_header(os.path.join(directory, name))
+            dtype, shape = read_npy_layout(os.path.join(directory, name))[:2]
             kind = kinds.setdefault(name[:-4].rsplit("-", 1)[-1], {"files": 0, "elements": 0, "bytes": 0})
             elements = 1
             for s in shape:
