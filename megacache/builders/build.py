@@ -20,7 +20,6 @@ Order of work, chosen so that nothing is wasted and nothing partial is visible:
 
 from __future__ import annotations
 
-import math
 import os
 import stat
 import time
@@ -35,7 +34,7 @@ from ..algorithms.splits import split_matrix
 from ..runtime.comm import Comm, get_comm
 from ..runtime.coordination import ALL, guarded, tidy
 from ..errors import CacheDamaged, FormatError, MegacacheError
-from ..formats.npy import npy_header, read_npy_layout
+from ..formats.npy import NpyLayout, npy_header, read_npy_layout
 from ..runtime.fsio import make_directories, write_atomic
 from ..runtime.log import LOG
 from ..megatron.blends import Blend
@@ -231,9 +230,9 @@ def damage(item) -> list[str]:
             out.append(f"{what}: cannot be read ({exc.strerror})")
             continue
         if start == header:
-            expected_size = len(header) + dtype.itemsize * math.prod(shape)
-            if size != expected_size:
-                out.append(f"{what}: {size:,} bytes, its header says {expected_size:,}")
+            problem = NpyLayout(dtype, tuple(shape), len(header), size).problem
+            if problem:
+                out.append(f"{what}: {problem}")
             continue
         try:  # say what is there instead
             layout = read_npy_layout(e.path(what))
@@ -283,20 +282,18 @@ def _drifts(items: list, present: list[bool]) -> list[tuple[list[str], dict | No
     return out
 
 
-def _damaged_text(damaged: list) -> str:
+def _listed(entries: list) -> str:
+    """Entries with their problems, one line each, the first five."""
     shown = "\n".join(f"  {item.entry.path('description.txt')}: " + "; ".join(problems)
-                       for item, problems in damaged[:5])
-    return shown + (f"\n  ... and {len(damaged) - 5} more" if len(damaged) > 5 else "")
+                       for item, problems in entries[:5])
+    return shown + (f"\n  ... and {len(entries) - 5} more" if len(entries) > 5 else "")
 
 
 def _stale_error(stale: list) -> MegacacheError:
-    shown = "\n".join(f"  {item.entry.path('description.txt')}: " + "; ".join(problems)
-                       for item, problems in stale[:5])
-    more = f"\n  ... and {len(stale) - 5} more" if len(stale) > 5 else ""
     return MegacacheError(
         f"{len(stale)} existing cache entr{'y was' if len(stale) == 1 else 'ies were'} built from other data or "
         f"settings than this configuration's, which megatron-core's hash does not cover (it would reuse "
-        f"them silently):\n{shown}{more}\nPass --rebuild-stale (BuildConfig.rebuild_stale) to replace them, "
+        f"them silently):\n{_listed(stale)}\nPass --rebuild-stale (BuildConfig.rebuild_stale) to replace them, "
         f"or use another --data-cache-path")
 
 
@@ -350,11 +347,11 @@ def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm, say: bool = False
         if not cfg.rebuild_damaged:
             it = "it" if len(damaged) == 1 else "them"
             raise CacheDamaged(f"{len(damaged)} existing cache entr{'y is' if len(damaged) == 1 else 'ies are'} "
-                               f"damaged (training would fail on {it}):\n{_damaged_text(damaged)}\n"
+                               f"damaged (training would fail on {it}):\n{_listed(damaged)}\n"
                                f"`megacache build` without --no-rebuild (BuildConfig.rebuild_damaged) rebuilds {it}")
         if say and comm.rank == 0:
             LOG.warning(f"megacache: warning: rebuilding {len(damaged)} damaged cache "
-                        f"entr{'y' if len(damaged) == 1 else 'ies'}:\n{_damaged_text(damaged)}")
+                        f"entr{'y' if len(damaged) == 1 else 'ies'}:\n{_listed(damaged)}")
     for item, hit, (problems, broken) in zip(items, present, checked):
         item.reused = hit and not problems and not broken
 
