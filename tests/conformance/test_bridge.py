@@ -11,7 +11,6 @@ import os
 import random
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from megacache.runtime.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
 from megacache.runtime.fsio import write_atomic
 from megacache.megatron.bridge import load_yaml, read_config
+from support import shared_directory
 from support.oracle import write_lengths
 from support.oracles import ORACLE_RUNS, built, run_key
 from support.oracles import WORKER as MEGATRON_WORKER
@@ -224,8 +224,7 @@ def bridge_sweep(comm) -> dict[str, int]:
             assert read_config(load_yaml(path), VERSION) == ours  # the same container as a mapping
         except AssertionError as exc:
             raise AssertionError(f"{label}\n{exc}") from None
-        workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-bridge-") if comm.rank == 0 else None)
-        try:
+        with shared_directory(comm, "megacache-bridge-") as workdir:
             cfg = BuildConfig(**{**ours.build_fields(), "cache_dir": os.path.join(workdir, "ours"),
                                  "sequences_path": ""})
             # where megatron-core refused while building, megacache refuses for the same reason
@@ -234,10 +233,6 @@ def bridge_sweep(comm) -> dict[str, int]:
                 continue
             if comm.rank == 0:
                 assert sorted(cache_files(cfg.cache_dir)) == sorted(theirs["files"]), label
-        finally:
-            comm.barrier()
-            if comm.rank == 0:
-                shutil.rmtree(workdir)
         kind = "per-split" if ours.blend_per_split else "one prefix" if ours.blend.is_single else "blend"
         outcomes[kind] = outcomes.get(kind, 0) + 1
     return outcomes

@@ -6,14 +6,11 @@ weighted blend, per-split blends, a global batch derived from the world size and
 ramp-up, each amid 120 flags of model, optimizer, parallelism and logging. The caches megacache
 writes are so the ones that version's training loads as its own. Megatron's answers were recorded by
 tests/support/record_prepare_cache.py (tests/data/prepare-cache.json), since they need a Megatron-LM
-checkout; megacache runs them on one rank here, and on 2 and 3 under MPI."""
+checkout; megacache runs them on one rank, and on 2 and 3 ranks in the MPI tiers."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +22,7 @@ from megacache.interfaces import cli
 from megacache.megatron.interpreter import Identity, command_differences
 from megacache.megatron.versions import SUPPORTED
 from megacache.runtime.comm import SingleComm, get_comm
+from support import shared_directory
 from support.record_megatron_main import cache_files, write_datasets
 from support.record_prepare_cache import OUT
 
@@ -89,8 +87,7 @@ def test_every_version_and_program_is_recorded_with_whole_commands():
 @pytest.mark.mpi(min_size=2)
 def test_build_on_several_ranks_writes_what_megatron_writes(monkeypatch, capsys):
     comm = get_comm()
-    root = comm.bcast(tempfile.mkdtemp(prefix="megacache-prepare-cache-") if comm.rank == 0 else None)
-    try:
+    with shared_directory(comm, "megacache-prepare-cache-") as root:
         monkeypatch.chdir(root)
         if comm.rank == 0:
             write_datasets(Path(root))
@@ -102,10 +99,6 @@ def test_build_on_several_ranks_writes_what_megatron_writes(monkeypatch, capsys)
             if comm.rank == 0:
                 assert built == case["files"], f"{case['version']} {case['program']} {case['name']}"
         capsys.readouterr()
-    finally:
-        comm.barrier()
-        if comm.rank == 0:
-            shutil.rmtree(root)
 
 
 def megacache_config(case: dict):

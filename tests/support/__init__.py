@@ -1,5 +1,9 @@
 """Helpers shared by the test tiers: oracles, corpora, sweeps."""
 
+import contextlib
+import shutil
+import tempfile
+
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:
     """``megacache argv`` in this process: its exit status (argparse's errors included) and stderr."""
@@ -18,3 +22,16 @@ def without_mpi(env: dict) -> dict:
     from megacache.runtime.comm import MPI_LAUNCHER_VARS
 
     return {k: v for k, v in env.items() if k not in MPI_LAUNCHER_VARS}
+
+
+@contextlib.contextmanager
+def shared_directory(comm, prefix: str):
+    """A fresh directory for every rank of ``comm``: rank 0 makes it, and removes it once every rank
+    is done with it."""
+    path = comm.bcast(tempfile.mkdtemp(prefix=prefix) if comm.rank == 0 else None)
+    try:
+        yield path
+    finally:
+        comm.barrier()
+        if comm.rank == 0:
+            shutil.rmtree(path)

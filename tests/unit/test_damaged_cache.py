@@ -11,8 +11,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 
 import pytest
 
@@ -22,7 +20,7 @@ from megacache.interfaces.api import BuildConfig, open_cache
 from megacache.megatron.blends import parse_blend
 from megacache.megatron.tokenizer import tokenizer_identifiers
 from megacache.runtime.comm import get_comm
-from support import run_cli
+from support import run_cli, shared_directory
 from support.oracle import write_lengths
 
 COMMAND = ["build", "--data-path", "0.5", "a", "0.5", "b", "--seq-length", "8", "--train-iters", "40",
@@ -163,10 +161,9 @@ def test_an_index_whose_header_or_size_is_wrong_is_refused(how, built, capsys):
 @pytest.mark.mpi(min_size=2)
 def test_the_damage_check_dealt_over_ranks_finds_each_damaged_entry(monkeypatch, capsys):
     comm = get_comm()
-    root = comm.bcast(tempfile.mkdtemp(prefix="megacache-damage-") if comm.rank == 0 else None)
-    monkeypatch.chdir(root)
     said = []  # rank 0's outputs, checked once every rank is past its collectives
-    try:
+    with shared_directory(comm, "megacache-damage-") as root:
+        monkeypatch.chdir(root)
         if comm.rank == 0:
             write_lengths("a", [5, 9, 0, 30, 12] * 40)
             write_lengths("b", [7, 3, 22, 11] * 50)
@@ -182,10 +179,6 @@ def test_the_damage_check_dealt_over_ranks_finds_each_damaged_entry(monkeypatch,
         said.append(capsys.readouterr().err)
         said.append(cli.main([*COMMAND, "--dry-run"]))
         said.append(capsys.readouterr().out)
-    finally:
-        comm.barrier()
-        if comm.rank == 0:
-            shutil.rmtree(root)
     assert said[0] == 0 and said[2] == 0
     if comm.rank == 0:
         assert said[1].startswith("megacache: warning: rebuilding 8 damaged cache entries:\n")

@@ -104,7 +104,7 @@ def test_a_yaml_configuration_builds_what_the_same_command_builds(version, here,
     config = training_yaml(version, [*DATA, "--data-cache-path", "yaml"])
     assert len(config) > 100
     (here / "train.yaml").write_text(yaml.safe_dump(config))
-    # as training does, the flags beside --yaml-cfg are ignored, with a warning here
+    # as training does, the flags beside --yaml-cfg are ignored, and megacache warns of them
     assert cli.main(["build", "--yaml-cfg", "train.yaml", "--seed", "99", "--lr", "1", *version_flags]) == 0
     assert capsys.readouterr().err == ("megacache build: warning: with --yaml-cfg, training reads its arguments from "
                                        "train.yaml alone and ignores --seed, --lr; so does this build\n")
