@@ -496,6 +496,60 @@ def _add_version_arg(p: argparse.ArgumentParser) -> None:
                         f"megatron-core's version, else {NEWEST})")
 
 
+class _Help(argparse.HelpFormatter):
+    """argparse's help wrapped to the terminal: a description's paragraphs filled one by one, each
+    indented line (a table's row) under its own second column; a flag shown by its first long
+    spelling (the others named in its help) and its value by the last word of its name, or N for
+    a count, so that no line outgrows the width."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for paragraph in text.strip().split("\n\n"):
+            lines, prose = [], []
+            for line in paragraph.splitlines() + [""]:
+                row = re.match(r"\s+\S+\s+", line)
+                if row is None and line:
+                    prose.append(line)
+                    continue
+                if prose:
+                    lines.append(textwrap.fill(" ".join(" ".join(prose).split()), width, initial_indent=indent,
+                                               subsequent_indent=indent))
+                    prose = []
+                if row is not None:
+                    lines.append(textwrap.fill(line, width, initial_indent=indent,
+                                               subsequent_indent=indent + " " * row.end()))
+            out.append("\n".join(lines))
+        return "\n\n".join(out)
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if len(action.option_strings) > 1 and action.nargs == 0:
+            shown = [o for o in action.option_strings if not o.startswith("--")] + [_first_long(action)]
+            return ", ".join(shown)
+        if len(action.option_strings) > 1:
+            return f"{_first_long(action)} {self._format_args(action, self._get_default_metavar_for_optional(action))}"
+        return super()._format_action_invocation(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        others = [o for o in action.option_strings if o.startswith("--") and o != _first_long(action)]
+        text = action.help or ""
+        return f"{text} (also {', '.join(others)})".lstrip() if others else text
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        return value_name(action)
+
+
+def _first_long(action: argparse.Action) -> str:
+    return next(o for o in action.option_strings if o.startswith("--"))
+
+
+def value_name(action: argparse.Action) -> str:
+    """The name of a flag's value where none is given: N for a count, else the last word of the
+    flag's name (--seq-length N, --tokenizer-model MODEL)."""
+    if getattr(action.type, "kind", action.type) is int:
+        return "N"
+    return action.dest.rsplit("_", 1)[-1].upper()
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse reading flags as Megatron-LM's parser does, never abbreviated (``--seq 256`` is no
     ``--seq-length``, which training would refuse), and refusing an unknown flag where it was given:
@@ -506,6 +560,7 @@ class _Parser(argparse.ArgumentParser):
     reads_training_command = False
 
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
         super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def parse_known_args(self, args=None, namespace=None):
@@ -561,12 +616,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ..runtime.environment import VARIABLES
 
     width = max(map(len, VARIABLES)) + 2
-    described = "\n".join(textwrap.fill(text, 100, initial_indent=f"  {name:<{width}}",
-                                        subsequent_indent=" " * (width + 2)) for name, text in VARIABLES.items())
-    parser = _Parser(prog="megacache", description=f"{__doc__.strip()}\n\nEnvironment:\n{described}",
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    described = "\n".join(f"  {name:<{width}}{text}" for name, text in VARIABLES.items())
+    parser = _Parser(prog="megacache", description=f"{__doc__.strip()}\n\nEnvironment:\n{described}")
     parser.add_argument("-V", "--version", action="version", version=f"megacache {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_tokenize_args, _add_build_args, _add_merge_args, _add_convert_args, _add_verify_args,
                 _add_inspect_args, _add_sample_corpus_args, _add_kernels_args):
         add(sub)
@@ -630,27 +683,20 @@ def _add_build_args(sub) -> None:
     from ..megatron.tokenizer import TOKENIZER_FLAGS
     from ..megatron.training import DEFAULT_SEED, SIZE_FLAGS
 
-    p = sub.add_parser("build", help="build Megatron GPTDataset index caches (flags as in Megatron-LM training, "
-                                     "or a Megatron-Bridge configuration)",
-                       usage="%(prog)s [the training command's flags] [--dry-run] [--verbose] [...]\n"
-                             "       %(prog)s --bridge-config CONFIG.yaml [...]\n"
-                             "       (%(prog)s --help lists every flag megacache reads)",
+    # Groups in the order a user writes a command: the data first, the build's own switches last.
+    p = sub.add_parser("build", add_help=False,
+                       help="build Megatron GPTDataset index caches (flags as in Megatron-LM training, or a "
+                            "Megatron-Bridge configuration)",
+                       usage="%(prog)s --data-path ... --seq-length N SAMPLES TOKENIZER [...]\n"
+                             "       %(prog)s --yaml-cfg FILE.yaml | --bridge-config CONFIG.yaml [...]",
                        description="Takes the training command as it is: besides the flags below, every flag of "
                                    "the chosen Megatron-LM version's training is accepted and changes nothing in "
                                    "the caches (--verbose lists them); a flag that version does not know is an "
-                                   "error. @FILE reads more words from FILE, as a shell splits them.")
+                                   "error. @FILE reads more words from FILE, as a shell splits them. Flags marked "
+                                   "(required) are needed unless --yaml-cfg or --bridge-config gives them.")
     p.reads_training_command = True
     p.set_defaults(training_flags=[])
-    p.add_argument("--bridge-config", metavar="CONFIG.yaml", type=nonempty,
-                   help="a Megatron-Bridge ConfigContainer as Bridge writes it to YAML (cfg.to_yaml, or a "
-                        "checkpoint's run_config.yaml): the data, split, sequence length, seed, cache path, "
-                        "tokenizer and sample counts all come from it, as Bridge's first run computes them, "
-                        "instead of the Megatron-LM flags below")
-    p.add_argument("--yaml-cfg", metavar="FILE.yaml", type=nonempty,
-                   help="Megatron-LM's experimental YAML arguments, read as training reads them: its top-level "
-                        "keys are the arguments (data_path, split, seq_length, ...), the parallel sizes are in "
-                        "its model_parallel section, and every other training flag given is ignored")
-    g = p.add_argument_group("data (exactly one of these forms, as in Megatron-LM)")
+    g = p.add_argument_group("data (required: one of these forms, as in Megatron-LM)")
     g.add_argument("--data-path", nargs="+", metavar="WORD",
                    help="PREFIX, or W1 PREFIX1 W2 PREFIX2 ... (a weighted blend), or PREFIX1 PREFIX2 ... "
                         "(blended by length); prefixes exactly as given to Megatron (they are hashed)")
@@ -660,47 +706,37 @@ def _add_build_args(sub) -> None:
     g.add_argument("--test-data-path", nargs="+", metavar="WORD", help="the test split's own blend")
     g.add_argument("--per-split-data-args-path", metavar="FILE.json", type=nonempty,
                    help='JSON {"train": [...], "valid": [...], "test": [...]} of per-split words')
-    p.add_argument("--split", help="as Megatron: 1 to 3 non-negative weights separated by commas (default '969, 30, "
+    g = p.add_argument_group("sequences (hashed into the cache name)")
+    g.add_argument("--seq-length", type=int, help="(required, or --encoder-seq-length) training's --seq-length")
+    g.add_argument("--encoder-seq-length", type=int, help="the sequence length when --seq-length is not given, as "
+                                                          "Megatron-LM takes it")
+    g.add_argument("--split", help="as Megatron: 1 to 3 non-negative weights separated by commas (default '969, 30, "
                                    "1' with --data-path; spaces are hashed). A string megatron-core reads "
                                    "otherwise than written (a sign, a letter, an empty place) builds what it reads, "
                                    "with a warning saying so")
-    p.add_argument("--seq-length", type=int, help="training's --seq-length (required, or --encoder-seq-length; "
-                                                  "hashed)")
-    p.add_argument("--encoder-seq-length", type=int, help="the sequence length when --seq-length is not given, as "
-                                                          "Megatron-LM takes it")
-    p.add_argument("--seed", type=int, help=f"training's --seed (default {DEFAULT_SEED}; hashed; not sample-corpus's "
+    g.add_argument("--seed", type=int, help=f"training's --seed (default {DEFAULT_SEED}; not sample-corpus's "
                                             f"--seed, which seeds the synthetic text)")
-    p.add_argument("--data-cache-path", help="default: Megatron's <prefix>/cache/GPTDataset_indices (blends "
-                                             "need it: Megatron caches blends only there)")
-    p.add_argument("--mid-level-dataset-surplus", type=amount,
+    g.add_argument("--mid-level-dataset-surplus", type=amount,
                    help=f"extra samples each blended dataset is built with (default {DEFAULT_SURPLUS})")
-    g = p.add_argument_group("samples per split (Megatron-LM's training flags)")
+    g.add_argument("--no-add-extra-token-to-sequence", action="store_true",
+                   help="GPTDatasetConfig.add_extra_token_to_sequence=False")
+    g.add_argument("--no-drop-last-partial-validation-sequence", action="store_true",
+                   help="GPTDatasetConfig.drop_last_partial_validation_sequence=False")
+    g = p.add_argument_group("samples per split (required)", "--train-samples, or --train-iters with a batch size: "
+                                                             "Megatron-LM's training flags; the counts are hashed")
     add_flags(g, SIZE_FLAGS)
-    g.add_argument("--prepare-cache-world-size", type=positive, metavar="N",
+    g.add_argument("--prepare-cache-world-size", type=positive,
                    help="the ranks training runs on, as Megatron-LM's tools/prepare_cache.py takes it: with "
                         "--micro-batch-size, the global batch when --global-batch-size is not given")
-    g = p.add_argument_group("Megatron-LM loading flags (accepted; the cache is the same with or without them)")
-    g.add_argument("--dataloader-fast-cache-load", action="store_true")
-    g.add_argument("--dataloader-defer-npy-index-mmap", action="store_true")
-    p.add_argument("--no-add-extra-token-to-sequence", action="store_true",
-                   help="GPTDatasetConfig.add_extra_token_to_sequence=False")
-    p.add_argument("--no-drop-last-partial-validation-sequence", action="store_true",
-                   help="GPTDatasetConfig.drop_last_partial_validation_sequence=False")
-    p.add_argument("--per-dataset-sequences-path", metavar="FILE.json",
-                   help="write Megatron's --per-dataset-sequences-path file here (default: "
-                        "sequences_per_dataset.json in --data-cache-path; '' for none)")
-    p.add_argument("--rebuild-stale", action="store_true",
-                   help="replace existing entries built from other data or settings (default: refuse)")
-    p.add_argument("--no-rebuild", action="store_true",
-                   help="refuse, rather than rebuild, existing entries whose files are damaged (cut short, "
-                        "extended, not the array their header or the plan says)")
-    _add_version_arg(p)
-    g = p.add_argument_group("tokenizer (hashed into the cache name; Megatron-LM's flags, as training is given them)")
+    g = p.add_argument_group("tokenizer (required)", "Megatron-LM's flags, as training is given them; hashed into "
+                                                     "the cache name")
     add_flags(g, TOKENIZER_FLAGS)
     g.add_argument("--tokenizer-identifiers", metavar="FILE.json", type=nonempty,
                    help="the tokenizer's identifiers, verbatim")
     g.add_argument("--tokenizer-from-description", metavar="PATH", type=nonempty,
                    help="take the tokenizer entry of an existing Megatron ...-description.txt")
+    g = p.add_argument_group("Megatron version")
+    _add_version_arg(g)
     g.add_argument("--megatron-python", metavar="PYTHON", type=nonempty,
                    help="ask the Megatron this interpreter imports (in this environment, so a Megatron-LM "
                         "checkout on PYTHONPATH counts) for the tokenizer identity, built from these flags by "
@@ -710,13 +746,37 @@ def _add_build_args(sub) -> None:
                         "as tools/prepare_cache.py does: the samples per split, seed, split, blends and cache "
                         "path it gives must be megacache's, or the build stops naming each field that differs. "
                         "Costs one import of Megatron")
-    p.add_argument("--dry-run", action="store_true",
+    g = p.add_argument_group("the command from a file, instead of the flags above")
+    g.add_argument("--yaml-cfg", metavar="FILE.yaml", type=nonempty,
+                   help="Megatron-LM's experimental YAML arguments, read as training reads them: its top-level "
+                        "keys are the arguments (data_path, split, seq_length, ...), the parallel sizes are in "
+                        "its model_parallel section, and every other training flag given is ignored")
+    g.add_argument("--bridge-config", metavar="CONFIG.yaml", type=nonempty,
+                   help="a Megatron-Bridge ConfigContainer as Bridge writes it to YAML (cfg.to_yaml, or a "
+                        "checkpoint's run_config.yaml): the data, split, sequence length, seed, cache path, "
+                        "tokenizer and sample counts all come from it, as Bridge's first run computes them")
+    g = p.add_argument_group("the cache")
+    g.add_argument("--data-cache-path", help="default: Megatron's <prefix>/cache/GPTDataset_indices (blends "
+                                             "need it: Megatron caches blends only there)")
+    g.add_argument("--per-dataset-sequences-path", metavar="FILE.json",
+                   help="write Megatron's --per-dataset-sequences-path file here (default: "
+                        "sequences_per_dataset.json in --data-cache-path; '' for none)")
+    g.add_argument("--rebuild-stale", action="store_true",
+                   help="replace existing entries built from other data or settings (default: refuse)")
+    g.add_argument("--no-rebuild", action="store_true",
+                   help="refuse, rather than rebuild, existing entries whose files are damaged (cut short, "
+                        "extended, not the array their header or the plan says)")
+    g.add_argument("--dry-run", action="store_true",
                    help="build nothing: list every cache entry the build would write (its state: complete, "
                         "missing, partial, stale or damaged; split; samples; files), and the other files it writes; "
                         "takes no lock, exits 0")
-    p.add_argument("--json", action="store_true", help="with --dry-run: the list as JSON, for tools")
-    p.add_argument("--verbose", action="store_true",
+    g.add_argument("--json", action="store_true", help="with --dry-run: the list as JSON, for tools")
+    g.add_argument("--verbose", action="store_true",
                    help="print each split's full description (with --dry-run: also each file and whether it is there)")
+    g.add_argument("-h", "--help", action="help", help="show this help message and exit")
+    g = p.add_argument_group("Megatron-LM's loading flags", "accepted; the cache is the same with or without them")
+    g.add_argument("--dataloader-fast-cache-load", action="store_true")
+    g.add_argument("--dataloader-defer-npy-index-mmap", action="store_true")
     p.set_defaults(func=_cmd_build)
 
 

@@ -71,6 +71,7 @@ def number_at_least(kind: type, minimum: float):
             raise argparse.ArgumentTypeError(f"{text!r}: give a number of at least {minimum}")
         return value
 
+    parse.kind = kind  # for the help's name of the value (N for a count)
     return parse
 
 

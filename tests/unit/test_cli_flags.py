@@ -59,7 +59,36 @@ def test_a_mistyped_flag_from_the_shell(tmp_path):
                            str(tmp_path / "d"), "--data-cache-path", str(tmp_path / "cache")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.startswith("usage: megacache build [the training command's flags]")
+    assert done.stderr.startswith("usage: megacache build --data-path ... --seq-length N SAMPLES TOKENIZER [...]\n")
     assert done.stderr.endswith("megacache build: error: --seq-lenght is not a flag of Megatron-LM 0.19's training; "
                                 "did you mean --seq-length, --encoder-seq-length or --decoder-seq-length?\n")
     assert os.listdir(tmp_path) == []
+
+
+COMMANDS = ["", "tokenize", "build", "merge", "convert", "verify", "inspect", "sample-corpus", "kernels"]
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_help_fits_the_terminal(columns):
+    for command in COMMANDS:
+        done = subprocess.run([sys.executable, "-m", "megacache", *command.split(), "--help"], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "COLUMNS": str(columns)})
+        assert done.returncode == 0 and done.stderr == ""
+        wide = [line for line in done.stdout.splitlines() if len(line) > columns]
+        assert wide == [], (command, wide)
+
+
+def test_build_help_starts_with_the_data_and_marks_what_is_required():
+    done = subprocess.run([sys.executable, "-m", "megacache", "build", "--help"], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "COLUMNS": "100"})
+    groups = [line[:-1] for line in done.stdout.splitlines() if line and not line[0].isspace() and line.endswith(":")]
+    assert groups == ["data (required: one of these forms, as in Megatron-LM)", "sequences (hashed into the cache name)",
+                      "samples per split (required)", "tokenizer (required)", "Megatron version",
+                      "the command from a file, instead of the flags above", "the cache", "Megatron-LM's loading flags"]
+    version = done.stdout.split("\nMegatron version:\n")[1].split("\n\n")[0]
+    assert [line.split()[0] for line in version.splitlines() if line.startswith("  --")] == \
+        ["--megatron-version", "--megatron-python"]
+    assert "  --seq-length N        (required, or --encoder-seq-length)" in done.stdout
+    # a flag of two spellings under its first, the other named in its help
+    assert "  --no-pad-vocab-size   (embedding size only; not hashed) (Megatron-LM 0.18 to 0.20 only) (also\n" \
+           "                        --disable-pad-vocab-size)" in done.stdout
