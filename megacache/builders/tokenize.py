@@ -32,7 +32,7 @@ from ..runtime.log import LOG
 from ..formats.indexed import optimal_dtype
 from ..formats.pbin import SUFFIX as PBIN_SUFFIX, TOKEN_DTYPES, token_size
 from ..runtime.fsio import (gone, make_directories, publish, read_json, remove_quietly, remove_tree, tmp_path,
-                            write_json_atomic, writing)
+                            WORK_MARK, write_json_atomic, writing)
 from ..text.inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
 from ..runtime.coordination import Guard
 from ..runtime.progress import Progress
@@ -94,7 +94,7 @@ class TokenizeConfig:
     def work_dir(self) -> str:
         """Hidden, so that an input directory holding the output never lists its files as input."""
         head, tail = os.path.split(self.output_prefix)
-        return os.path.join(head, f".{tail}.megacache-work")
+        return os.path.join(head, f".{tail}{WORK_MARK}")
 
 
 @dataclass(repr=False)

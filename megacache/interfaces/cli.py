@@ -9,9 +9,10 @@ Exit status: 0 success; 2 bad input or configuration (the message names the flag
 and exact, but the fast tokenizer backend disagreed with its reference on some unit, which was redone.
 A command whose output reader goes away (| head -1) stops there, quietly, with status 141 (128 +
 SIGPIPE, as a shell reports any tool that a closed pipe ends): not 0, since a verify cut short has
-not checked everything. On SIGTERM or
-SIGINT a job releases its lock, says where it was and ends by that signal (a shell reports 143 or
-130, mpiexec 15 or 2): nothing partial is published, and a rerun resumes.
+not checked everything. On SIGTERM or SIGINT a job releases its lock, says where it was and what it
+leaves, and ends by that signal (a shell reports 143 or 130, mpiexec 15 or 2): nothing partial is
+published, and a rerun resumes. What a stopped or failed job leaves, a rerun or `megacache clean DIR`
+removes.
 
 """
 
@@ -461,6 +462,28 @@ def _cmd_inspect(args: argparse.Namespace, comm: Comm) -> None:
         raise MegacacheError(failure)
 
 
+def _cmd_clean(args: argparse.Namespace, comm: Comm) -> None:
+    from ..runtime.coordination import clean
+
+    for directory in args.directories:
+        if not os.path.isdir(directory):
+            raise MegacacheError(f"{directory}: not a directory: give the directory a job wrote to (a cache "
+                                 f"directory, or the directory of an output prefix); nothing was removed")
+
+    def each() -> list[str]:
+        lines = []
+        for directory in args.directories:
+            removed = clean(directory)
+            lines += [f"megacache clean: {directory}: {report}" for report in removed.reports]
+            lines.append(f"megacache clean: {directory}: removed {removed.describe()}" if removed else
+                         f"megacache clean: {directory}: nothing left by megacache jobs")
+        return lines
+
+    lines = comm.on_root(each, "cleaning")
+    if comm.rank == 0:
+        print("\n".join(lines), flush=True)
+
+
 def _cmd_sample_corpus(args: argparse.Namespace, comm: Comm) -> None:
     from ..text.sample_corpus import write_sample_corpus
 
@@ -621,7 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-V", "--version", action="version", version=f"megacache {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_tokenize_args, _add_build_args, _add_merge_args, _add_convert_args, _add_verify_args,
-                _add_inspect_args, _add_sample_corpus_args, _add_kernels_args):
+                _add_inspect_args, _add_clean_args, _add_sample_corpus_args, _add_kernels_args):
         add(sub)
     return parser
 
@@ -861,6 +884,15 @@ def _add_inspect_args(sub) -> None:
     p.set_defaults(func=_cmd_inspect)
 
 
+def _add_clean_args(sub) -> None:
+    p = sub.add_parser("clean", help="remove what interrupted or failed jobs left in a directory: temporary files, "
+                                     "tokenize's finished work units (a rerun would resume from them), the records "
+                                     "of jobs that did not finish; refused while a job runs there")
+    p.add_argument("directories", nargs="+", metavar="DIR", type=nonempty,
+                   help="a cache directory, or the directory of an output prefix")
+    p.set_defaults(func=_cmd_clean)
+
+
 def _add_sample_corpus_args(sub) -> None:
     p = sub.add_parser("sample-corpus", help="write the bundled synthetic sample corpus (jsonl)")
     p.add_argument("--output-dir", required=True, type=nonempty, help="writes shard_0.jsonl, shard_1.jsonl, ... here")
@@ -913,6 +945,11 @@ def end_quietly() -> int:
     return 128 + signal.SIGPIPE
 
 
+def _with_notes(exc: BaseException) -> str:
+    """An error's message and, a line each, its notes (what the job left behind)."""
+    return "\n".join([str(exc), *getattr(exc, "__notes__", ())])
+
+
 def main(argv: list[str] | None = None) -> int:
     from ..runtime.log import show_on_stderr
 
@@ -931,13 +968,13 @@ def main(argv: list[str] | None = None) -> int:
     except MegacacheError as exc:
         # Raised on every rank alike (errors are agreed collectively), so rank 0 speaks for all.
         if comm.rank == 0:
-            print(f"megacache {args.command}: error: {exc}", file=sys.stderr, flush=True)
+            print(f"megacache {args.command}: error: {_with_notes(exc)}", file=sys.stderr, flush=True)
         return 2
     except JobCrashed as exc:
         # A bug on some rank, agreed by all: rank 0 prints the failed ranks' tracebacks.
         if comm.rank == 0:
             print(f"megacache {args.command}: unexpected failure, a bug in megacache (please report it "
-                  f"with this output): {exc}", file=sys.stderr, flush=True)
+                  f"with this output): {_with_notes(exc)}", file=sys.stderr, flush=True)
         return 1
     except BaseException as exc:
         # Not agreed, so possibly on this rank alone: report it and take the whole job down rather

@@ -334,7 +334,8 @@ def format_cache(c: CacheSummary, version: str) -> str:
     lines = [(f"cache directory {c.directory}: {len(c.entries)} entries ({counts['GPTDataset']} GPTDataset, "
               f"{counts['BlendedDataset']} BlendedDataset)")]
     if c.temporary_files:
-        lines.append(f"  {c.temporary_files} temporary files (an unfinished or crashed build)")
+        lines.append(f"  {c.temporary_files} temporary files (an unfinished or crashed build: a rerun, or "
+                     f"megacache clean {c.directory}, removes them)")
     if c.other_files:
         lines.append(f"  {c.other_files} other files ignored")
     parents = _blend_parents(c.entries)

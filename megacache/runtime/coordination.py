@@ -30,10 +30,11 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import JobFailed, MegacacheError
-from .fsio import STATE_DIR, TMP_MARK, gone, make_directories, names, remove_quietly, write_json_atomic
+from .fsio import (STATE_DIR, TMP_MARK, WORK_MARK, gone, make_directories, names, remove_quietly, remove_tree,
+                   write_json_atomic)
 from . import preemption
 from .environment import heartbeat_s, stale_s
 from .log import LOG
@@ -340,10 +341,81 @@ class Monitor:
 
 @dataclass
 class Leftovers:
-    """What dead jobs left in a directory, found and removed by the next lock holder."""
+    """What megacache jobs left in a directory: temporaries (files being written, directories being
+    deleted), work directories (tokenize's finished units, which a rerun resumes from) and the
+    records of jobs that did not finish, with what a post-mortem of those records says."""
 
-    reports: list[str]
-    temporaries: int
+    directory: str
+    temporaries: int = 0
+    temporary_bytes: int = 0
+    work: int = 0
+    work_bytes: int = 0
+    records: int = 0
+    reports: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.temporaries or self.work or self.records)
+
+    def describe(self) -> str:
+        """What is there, in a few words: ``3 temporary file(s) (3.60 GB), 1 job record``."""
+        parts = []
+        if self.temporaries:
+            parts.append(f"{self.temporaries} temporary file(s) ({byte_amount(self.temporary_bytes)})")
+        if self.work:
+            parts.append(f"{self.work} work directory(ies) of finished units ({byte_amount(self.work_bytes)})")
+        if self.records:
+            parts.append(f"{self.records} record(s) of jobs that did not finish")
+        return ", ".join(parts)
+
+
+def byte_amount(n: int) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
+
+
+def _entries(directory: str) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(directory))
+    except NotADirectoryError:
+        return []
+    except OSError as exc:
+        if gone(exc):
+            return []
+        raise
+
+
+def _bytes_under(entry: os.DirEntry) -> int:
+    """A file's size, or what a directory's files hold; 0 for what went meanwhile."""
+    try:
+        if not entry.is_dir(follow_symlinks=False):
+            return entry.stat(follow_symlinks=False).st_size
+    except OSError:
+        return 0
+    return sum(_bytes_under(e) for e in _entries(entry.path))
+
+
+def _temporary_entries(directory: str, temporaries: tuple[str, ...] = ALL) -> list[os.DirEntry]:
+    """The temporaries in ``directory`` and its state directory (a manifest being rewritten) whose
+    names start with one of ``temporaries``."""
+    return [e for d in (directory, state_dir(directory)) for e in _entries(d)
+            if e.name.startswith(temporaries) and TMP_MARK in e.name]
+
+
+def leftovers(directory: str) -> Leftovers:
+    """What megacache jobs, live or dead, have left in ``directory`` (one listing of it and of its
+    state directory, and the sizes of what those hold)."""
+    left = Leftovers(directory)
+    for e in _temporary_entries(directory):
+        left.temporaries += 1
+        left.temporary_bytes += _bytes_under(e)
+    for e in _entries(directory):
+        if e.name.endswith(WORK_MARK) and TMP_MARK not in e.name:
+            left.work += 1
+            left.work_bytes += _bytes_under(e)
+    left.records = sum(".job-" in n for n in names(state_dir(directory)))
+    return left
 
 
 def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, ...]) -> Leftovers:
@@ -351,7 +423,7 @@ def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, 
     directory being deleted) in ``directory`` or its state directory whose name starts with one of
     ``temporaries`` (the lock's outputs; ``ALL`` for every one): with the lock held, none belongs to
     a live job."""
-    reports = []
+    left = Leftovers(directory)
     state = state_dir(directory)
     prefix = f"{key}.job-"
     for name in sorted(names(state)):
@@ -368,24 +440,55 @@ def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, 
                 ranks.append(f"rank {record.get('rank', '?')} ({_who(record)}) was in phase "
                              f"'{record.get('phase', '?')}'{stopped}")
         if ranks:  # a job whose ranks all failed cleanly removed its records and reported its error
-            reports.append(f"an earlier job ({name[len(prefix):]}) did not finish: " + "; ".join(ranks))
+            left.reports.append(f"an earlier job ({name[len(prefix):]}) did not finish: " + "; ".join(ranks))
+        left.records += 1
         shutil.rmtree(path, ignore_errors=True)
-    removed = 0
-    entries = []
-    for d in (directory, state):  # the state directory too: a manifest being rewritten
-        try:
-            entries += list(os.scandir(d))
-        except OSError as exc:
-            if not gone(exc):
-                raise
-    for entry in entries:
-        if entry.name.startswith(temporaries) and TMP_MARK in entry.name:
-            if entry.is_dir(follow_symlinks=False):
-                shutil.rmtree(entry.path, ignore_errors=True)
-            else:
-                remove_quietly(entry.path)
-            removed += 1
-    return Leftovers(reports, removed)
+    for entry in _temporary_entries(directory, temporaries):
+        left.temporaries += 1
+        left.temporary_bytes += _bytes_under(entry)
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            remove_quietly(entry.path)
+    return left
+
+
+def clean(directory: str) -> Leftovers:
+    """Remove what megacache jobs that are no longer running left in ``directory`` (temporaries,
+    work directories, records), holding the lock of every job that has one there, and say what
+    went. A live job's lock: an error naming it, and nothing removed."""
+    state = state_dir(directory)
+    keys = sorted({n[:-len(".lock")] for n in names(state) if n.endswith(".lock")}
+                  | {n.split(".job-")[0] for n in names(state) if ".job-" in n})
+    job = uuid.uuid4().hex[:12]
+    locks = []
+    try:
+        for key in keys:
+            lock = Lock(directory, key, job, "megacache clean")
+            if not lock.acquire(_say, wait=False):
+                holder, _ = _read_record(lock.path)
+                holder = holder or {}
+                raise MegacacheError(f"{directory}: {holder.get('what', 'a job')} by {_who(holder)} (job "
+                                     f"{holder.get('job', '?')}, since {holder.get('since', '?')}) is running "
+                                     f"there; nothing was removed. Clean once it has ended")
+            locks.append(lock)
+        removed = Leftovers(directory)
+        for key in keys or [""]:
+            left = post_mortem(directory, key, job, ALL)
+            removed.reports += left.reports
+            removed.records += left.records
+            removed.temporaries += left.temporaries
+            removed.temporary_bytes += left.temporary_bytes
+        for e in _entries(directory):
+            if e.name.endswith(WORK_MARK) and TMP_MARK not in e.name:
+                removed.work += 1
+                removed.work_bytes += _bytes_under(e)
+                remove_tree(e.path, job)
+        return removed
+    finally:
+        for lock in locks:
+            lock.release()
+        _remove_state_dir_if_empty(directory)
 
 
 @dataclass
@@ -413,7 +516,8 @@ def _clear(directory: str, key: str, job: str, temporaries: tuple[str, ...]) -> 
     for report in left.reports:
         _say(f"megacache: {directory}: {report}")
     if left.temporaries:
-        _say(f"megacache: {directory}: removed {left.temporaries} temporary file(s) left by jobs that died")
+        _say(f"megacache: {directory}: removed {left.temporaries} temporary file(s) "
+             f"({byte_amount(left.temporary_bytes)}) left by jobs that did not finish")
 
 
 def _remove_state_dir_if_empty(directory: str) -> None:
@@ -438,13 +542,58 @@ def tidy(directories, key: str, temporaries: tuple[str, ...]) -> None:
                 _remove_state_dir_if_empty(d)
 
 
+def _within(seconds: float, fn):
+    """``fn()``, or None if it takes longer than ``seconds`` (a filesystem that hangs)."""
+    result = []
+    worker = threading.Thread(target=lambda: result.append(fn()), name="megacache-measure", daemon=True)
+    worker.start()
+    worker.join(seconds)
+    return result[0] if result else None
+
+
+def _left_behind(directories) -> str:
+    """What jobs have left in ``directories``, and what removes it, in one sentence (or ``""``)."""
+    def measure() -> list[Leftovers]:
+        try:
+            return list(map(leftovers, directories))
+        except OSError:  # unreadable: the error, or the next job's post-mortem, says more
+            return []
+
+    found = _within(STOP_WAIT_S / 2, measure)
+    if found is None:
+        return "what it leaves could not be measured (the filesystem did not answer)"
+    said = []
+    for left in found:
+        left.records = 0  # a few bytes, which a rerun reports and removes
+        if left:
+            rerun = {(1, 0): "a rerun removes them", (0, 1): "a rerun of the same command resumes from them",
+                     (1, 1): "a rerun of the same command removes the temporaries and resumes from the finished "
+                             "units"}[bool(left.temporaries), bool(left.work)]
+            said.append(f"it leaves {left.describe()} in {left.directory}: {rerun}, and `megacache clean "
+                        f"{left.directory}` removes it all")
+    return "; ".join(said)
+
+
 @contextmanager
 def guarded(comm, directories, key: str, temporaries: tuple[str, ...], what: str):
     """Run a job's body holding the ``key`` lock of every directory (taken by rank 0, in sorted
     order, so jobs never deadlock), after clearing what dead jobs left there, with every rank
     monitored. Rank records are removed when the body succeeds on every rank; a failed body's
-    ranks remove their own."""
+    ranks remove their own, and rank 0 notes on the error what the job leaves behind."""
     directories = sorted(set(directories))
+    try:
+        with _guarded(comm, directories, key, temporaries, what) as guard:
+            yield guard
+    except Exception as exc:
+        if comm.rank == 0:
+            left = _left_behind(directories)
+            if left:
+                exc.add_note(left[0].upper() + left[1:])
+        raise
+
+
+@contextmanager
+def _guarded(comm, directories: list[str], key: str, temporaries: tuple[str, ...], what: str):
     job = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
     locks: list[Lock] = []
 
@@ -471,7 +620,10 @@ def guarded(comm, directories, key: str, temporaries: tuple[str, ...], what: str
     def where() -> str:
         """On SIGTERM or SIGINT (``preemption``), before anything else: where the job was, from
         memory (the filesystem may be what hangs)."""
-        return f"{what} was in phase '{monitor.phase}' on rank {comm.rank}" if monitor is not None else ""
+        if monitor is None:
+            return ""
+        left = _left_behind(directories)
+        return f"{what} was in phase '{monitor.phase}' on rank {comm.rank}" + (f"; {left}" if left else "")
 
     def halt(signal_name: str) -> None:
         """Then: release the locks, and mark this rank's record stopped. mpiexec kills every rank
@@ -508,6 +660,10 @@ def guarded(comm, directories, key: str, temporaries: tuple[str, ...], what: str
                 shutil.rmtree(job_dir(directories[0], key, job), ignore_errors=True)
         elif monitor is not None:
             remove_quietly(monitor.path)
+            try:  # the job's folder, once its last rank's record is gone
+                os.rmdir(os.path.dirname(monitor.path))
+            except OSError:
+                pass
         for lock in locks:
             lock.release()
             _remove_state_dir_if_empty(lock.directory)

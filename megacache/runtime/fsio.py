@@ -26,6 +26,8 @@ from ..errors import MegacacheError
 from .environment import stale_s
 
 TMP_MARK = ".megacache-tmp"
+#: the end of a work directory's name (tokenize's finished units, kept for a rerun to resume from)
+WORK_MARK = ".megacache-work"
 #: what a path that is not there (any more) answers: ENOENT, or ESTALE where a network filesystem's
 #: client still held a handle to what another node removed
 GONE = (errno.ENOENT, errno.ESTALE)

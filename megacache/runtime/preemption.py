@@ -62,8 +62,7 @@ def _stop(signum: int) -> None:
     if _identity["rank"] == 0:
         where = "; ".join(w for w in (where() for where, _ in reversed(_jobs)) if w) or "while it held no lock"
         LOG.error(f"megacache {_identity['command']}: stopped by {name}: {where}. Nothing partial is "
-                  f"published and the lock is released: rerun the same command to resume (tokenize keeps "
-                  f"its finished work units; build, merge and convert redo only what was not published).")
+                  f"published and the lock is released: rerun the same command to resume.")
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from support.corpus import children, documents, processes, run_megacache, write_jsonl
+from megacache.runtime.fsio import TMP_MARK
 from support.faults import final_files, leftovers, lock_held, wait_for_phase
 from support.oracle import write_lengths
 from support.sweeps import build_args
@@ -41,7 +42,7 @@ def test_sigterm_to_every_rank_of_a_build(tmp_path):
     assert time.monotonic() - signalled < 10
     assert job.returncode == signal.SIGTERM, (job.returncode, err)  # mpiexec reports the signal
     assert re.search(r"megacache build: stopped by SIGTERM: megacache build of 3 entries was in phase "
-                     r"'sample index' on rank 0\. Nothing partial is published", err), err
+                     r"'sample index' on rank 0(; it leaves .*)?\. Nothing partial is published", err), err
     assert not lock_held(cache)
     assert all(reference.get(n) == data for n, data in final_files(cache).items())
 
@@ -78,3 +79,33 @@ def test_ctrl_c_on_a_tokenize_then_the_rerun_resumes(tmp_path):
     run_megacache(1, "tokenize", "--input", str(corpus), "--output-prefix", str(tmp_path / "whole"))
     assert final_files(out) == {n.replace("whole", "tok"): d for n, d in final_files(str(tmp_path)).items()
                                 if n.startswith("whole")}
+
+
+def test_ctrl_c_on_a_build_says_what_it_leaves_and_clean_removes_it(tmp_path):
+    prefix = str(tmp_path / "data")
+    write_lengths(prefix, np.random.default_rng(6).integers(1, 120, 1_500_000))
+    cache = str(tmp_path / "cache")
+    args = build_args(cache, [prefix], 16, 60_000_000)
+    job = subprocess.Popen([sys.executable, "-m", "megacache", *args], env=ENV, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    wait_for_phase(cache, "sample index", job)
+    while not [n for n in os.listdir(cache) if TMP_MARK in n]:  # once it has begun writing
+        assert job.poll() is None, job.communicate()
+        time.sleep(0.002)
+    job.send_signal(signal.SIGINT)
+    _, err = job.communicate(timeout=30)
+    assert job.returncode == -signal.SIGINT, (job.returncode, err)
+    said = re.search(r"on rank 0; it leaves (\d+) temporary file\(s\) \(\d+\.\d\d [kMG]B\) in (\S+): a rerun removes "
+                     r"them, and `megacache clean (\S+)` removes it all\. Nothing partial is published", err)
+    assert said and said.group(2) == said.group(3) == cache, err
+    temporaries = [n for n in os.listdir(cache) if TMP_MARK in n]
+    assert int(said.group(1)) == len(temporaries) > 0
+
+    cleaned = run_megacache(1, "clean", cache)
+    assert re.fullmatch(rf"megacache clean: {cache}: an earlier job \(\w+\) did not finish: rank 0 \(pid {job.pid} "
+                        rf"on \S+\) was in phase 'sample index' \(stopped by SIGINT\)\n"
+                        rf"megacache clean: {cache}: removed {len(temporaries)} temporary file\(s\) \(\d+\.\d\d [kMG]B\), "
+                        rf"1 record\(s\) of jobs that did not finish\n", cleaned.stdout), cleaned.stdout
+    assert os.listdir(cache) == []
+    again = run_megacache(1, "clean", cache)
+    assert again.stdout == f"megacache clean: {cache}: nothing left by megacache jobs\n"

@@ -43,10 +43,10 @@ def test_build_runs_without_the_collector_and_leaves_it_as_found(tmp_path):
     args = ["build", "--data-path", prefix, "--split", "90,10,0", "--seq-length", "8", "--train-samples", "40",
             "--global-batch-size", "1", "--eval-iters", "2", "--eval-interval", "10", "--tokenizer-type",
             "NullTokenizer", "--vocab-size", "100", "--data-cache-path", str(cache)]
-    during = []  # collections that start once the build has made its cache directory
+    during = []  # collections that start once the build has made its cache directory, before its manifest
 
     def collection(phase, info):
-        if phase == "start" and cache.is_dir():
+        if phase == "start" and cache.is_dir() and not (cache / ".megacache" / "manifest.json").exists():
             during.append(info["generation"])
 
     gc.callbacks.append(collection)

@@ -106,7 +106,8 @@ def test_temporary_files_are_counted_not_entries(gpt_cache):
         open(os.path.join(cache, f".{name}.megacache-tmp-{k}"), "wb").close()
     summary = inspect_cache(cache)
     assert summary.temporary_files == 2 and len(summary.entries) == 3 and summary.problems == []
-    assert "2 temporary files (an unfinished or crashed build)" in inspect_path(cache).text
+    assert f"\n  2 temporary files (an unfinished or crashed build: a rerun, or megacache clean {cache}, removes " \
+           f"them)\n" in inspect_path(cache).text
 
 
 def test_blend_cache(tmp_path):
