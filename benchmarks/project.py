@@ -109,12 +109,12 @@ def constants(gpt: dict, blend: dict, kernel: dict, seed: dict | None = None) ->
     if seed is not None:  # the seed's blend alone: P chunks of samples / P
         alone = seed["blend_alone"]
         k1, p_max = alone["run"]["phases"], seed["ranks"]
-        ours["blend_sample"] = (k1["guess"] + k1["blend"]) / (alone["samples"] / p_max)
+        ours["blend_sample"] = k1["blend"] / (alone["samples"] / p_max)
         repair = k1["repair"]
     else:
         ks = kernel["megacache"]
         k1 = _base(kernel, "megacache")["phases"]
-        ours["blend_sample"] = (k1["guess"] + k1["blend"]) / kernel["params"]["samples"]
+        ours["blend_sample"] = k1["blend"] / kernel["params"]["samples"]
         p_max = max(int(p) for p in ks)
         repair = ks[str(p_max)]["median"]["phases"]["repair"]
     # A chunk's repair: the measured repair phase over the chunks after the first (every guess

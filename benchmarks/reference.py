@@ -218,6 +218,7 @@ def kernel(weights_path: str, size: str, out: str) -> None:
     import numpy as np
 
     from megacache.formats.npy import load_npy
+    from megacache.runtime.fsio import sync_filesystems
 
     helpers_cpp = _helpers_cpp()
     phases = {"import": time.perf_counter() - T0}
@@ -231,6 +232,9 @@ def kernel(weights_path: str, size: str, out: str) -> None:
     np.save(os.path.join(out, "dataset_index.npy"), dataset_index)
     np.save(os.path.join(out, "dataset_sample_index.npy"), dataset_sample_index)
     phases["write"] = time.perf_counter() - t
+    t = time.perf_counter()
+    sync_filesystems([out])  # durable, as megacache's side makes its arrays
+    phases["sync"] = time.perf_counter() - t
     _print_phases(phases)
 
 

@@ -1,4 +1,4 @@
-"""The seed's case (issue 41): ``python -m benchmarks run --suite seed [--factor F] [--ranks P]``.
+"""The seed's case: ``python -m benchmarks run --suite seed [--factor F] [--ranks P]``.
 
 The 1000-dataset build (``workloads.build_blend``) at 100 times its size with documents of 10,000
 tokens: 5e12 tokens, 5e8 documents, 1.2e9 train samples, L = 4096, a weighted blend. megatron-core
@@ -20,21 +20,17 @@ run measures and checks, in this order, in one work directory removed at the end
    counted) against the exact largest-remainder apportionment of its size by its weights. Megatron's
    greedy is not largest remainder (../shared/docs/blending-and-shuffling.md §2.1): the differences
    are recorded, not asserted;
-6. the seed's blend alone (``blend``): 2e9 samples over 1000 uniformly random weights (seed 0, at
-   factor 100; the size scales with the factor), megacache's exact greedy cut over the P ranks as a
-   build cuts it (a guessed start per chunk, then confirmed or repaired), timed from outside. Its 20
-   GB of output are neither kept nor written: each rank blends its chunk block by block into one
-   small buffer, and a wrong guess is repaired by running the true and the guessed starts side by
-   side until their counts agree (the build rewrites its rows instead; the samples computed are the
-   same). Its counts are compared with largest remainder too. No megatron-core run at that size:
-   the seed's figures (48 min in Megatron, 18 s inexact) are recorded beside it.
+6. the seed's blend alone: 2e9 samples over 1000 uniformly random weights (seed 0, at factor 100;
+   the size scales with the factor) through the code a build runs (``benchmarks.kernel``:
+   ``BlendFiles``), cut over the P ranks as a build cuts it (a guessed start per chunk, then
+   confirmed or repaired), its arrays written and made durable as a build's, timed from outside,
+   then removed. Its counts are compared with largest remainder too. No megatron-core run at that
+   size: the seed's own figures (``SEED_CLAIMS``) are recorded beside it.
 
 One JSON line per run in ``benchmarks/results/seed.jsonl`` and ``SEED.md`` beside it; ``python -m
 benchmarks.seed report [--results FILE] [--doc docs/benchmarks.md]`` rewrites them (and the seed
 table of that document) from the file alone. ``python -m benchmarks project`` takes the build's
 phases from the latest record at the largest factor.
-
-The ranks' side of step 6 runs as ``python -m benchmarks.seed blend WEIGHTS.npy SIZE COUNTS.npy``.
 """
 
 from __future__ import annotations
@@ -58,7 +54,7 @@ MEMBERS = 3
 BLEND_SAMPLES = 2e9
 BLEND_MIN = 1_000_000
 BLEND_DATASETS = 1000
-#: what the seed says of that blend; not measured here
+#: what the seed says of that blend, recorded beside the measurement (not measured by this benchmark)
 SEED_CLAIMS = {"samples": 2e9, "datasets": 1000, "megatron_s": 48 * 60, "seed_s": 18.0, "seed_exact": False}
 #: the disk's floor: the expected outputs, within these bounds
 FLOOR_MIN, FLOOR_MAX = 64 << 20, 4 << 30
@@ -233,6 +229,7 @@ def run(suite_name: str, suite, factor: float, ranks: int, results: str) -> dict
 
     from megacache.algorithms.blend_sizes import normalize
     from megacache.formats.indexed import idx_path, read_layout
+    from megacache.builders.blend import BLEND_ARRAYS
     from megacache.formats.npy import write_npy
 
     from . import floor
@@ -327,17 +324,21 @@ def run(suite_name: str, suite, factor: float, ranks: int, results: str) -> dict
         size = max(BLEND_MIN, int(BLEND_SAMPLES * factor / 100))
         weights = normalize(normalize(np.random.default_rng(0).random(BLEND_DATASETS)))
         weights_path, counts_path = os.path.join(work, "weights.npy"), os.path.join(work, "blend-counts.npy")
+        out = os.path.join(work, "blend")
         write_npy(weights_path, weights)
-        blend = run_program(["benchmarks.seed", "blend", weights_path, str(size), counts_path], ranks, work)
+        os.makedirs(out)
+        _check_room(work, size * sum(d.itemsize for d in BLEND_ARRAYS.values()), "the blend's arrays")
+        blend = run_program(["benchmarks.kernel", weights_path, str(size), out, counts_path], ranks, work)
         counts = np.load(counts_path)
+        shutil.rmtree(out)
         record["blend_alone"] = {"samples": size, "datasets": BLEND_DATASETS, "weights": "uniform random, seed 0",
-                                 "output": "not kept (each rank's chunk blended block by block, 10 bytes a "
-                                           "sample neither held nor written)",
+                                 "output": "written and made durable as a build writes a blend's arrays "
+                                           "(benchmarks.kernel, through BlendFiles), then removed",
                                  "run": blend, "vs_largest_remainder": against_largest_remainder(
                                      counts.tolist(), weights.tolist(), size),
                                  "seed_claims": SEED_CLAIMS}
         _log(f"blend alone: {size:,} samples x {BLEND_DATASETS} datasets at P = {ranks}: {blend['wall_s']:.2f} s "
-             f"(phases {_phases(blend['phases'])}); the seed: 18 s inexact, Megatron 48 min, at 2e9")
+             f"(phases {_phases(blend['phases'])}); {_claims(SEED_CLAIMS)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     record["seconds"] = time.perf_counter() - t_run
@@ -370,6 +371,12 @@ def _phases(phases: dict[str, float]) -> str:
 
 # ------------------------------------------------------------------------------------------------
 # The report
+
+
+def _claims(claims: dict) -> str:
+    """The seed's own figures for its blend, as recorded."""
+    return (f"The seed at {int(claims['samples']):,} samples: {claims['seed_s']:.0f} s, "
+            f"{'exact' if claims['seed_exact'] else 'inexact'}; Megatron {claims['megatron_s'] / 60:.0f} min")
 
 
 def load_seed_records(path: str) -> list[dict]:
@@ -434,11 +441,11 @@ def table(record: dict) -> str:
                     f"the floor of their quota, {c['above_ceil']} above its ceiling |")
     run = blend["run"]
     rows.append(f"| the seed's blend alone: {blend['samples']:,} samples x {blend['datasets']} datasets, "
-                f"uniform random weights (seed 0), P = {ranks}, exact, output not kept | {run['wall_s']:.1f} s wall "
-                f"({_phases(run['phases'])}), peak RSS per rank "
+                f"uniform random weights (seed 0), P = {ranks}, exact, output {blend['output']} | {run['wall_s']:.1f} "
+                f"s wall ({_phases(run['phases'])}), peak RSS per rank "
                 f"{' / '.join(f'{r / 2**20:.2f}' for r in run['rss_kb'])} GiB; against the largest remainder "
-                f"{lr['datasets_differing']} datasets differ, by at most {lr['max_abs_difference']}. The seed at "
-                f"2e9: 18 s, inexact; Megatron 48 min |")
+                f"{lr['datasets_differing']} datasets differ, by at most {lr['max_abs_difference']}. "
+                f"{_claims(blend['seed_claims'])} |")
     return "\n".join(rows) + "\n"
 
 
@@ -471,87 +478,8 @@ def write_report(results: str, doc: str | None = None) -> list[str]:
     return written
 
 
-# ------------------------------------------------------------------------------------------------
-# The blend alone, one rank's side
-
-
-def _replay(weights, start: int, stop: int, true, guessed, guessed_end, idx, sidx):
-    """A chunk [start, stop) guessed to start at ``guessed`` (its end then ``guessed_end``) made
-    exact from ``true`` without its rows: both starts run side by side in doubling segments until
-    their counts agree, after which the speculative run was already the true one. Returns (the
-    true end counts, samples recomputed)."""
-    import numpy as np
-
-    from megacache.algorithms.blend_kernels import blend_chunk
-
-    a, b, position, segment = true, guessed, start, 4096
-    while not np.array_equal(a, b) and position < stop:
-        n = min(segment, stop - position, len(idx))
-        a = blend_chunk(weights, position, a, idx[:n], sidx[:n])
-        b = blend_chunk(weights, position, b, idx[:n], sidx[:n])
-        position += n
-        segment *= 2
-    return (guessed_end if np.array_equal(a, b) else a), position - start
-
-
-def blend(weights_path: str, size: int, counts_path: str) -> None:
-    """This rank's chunk of the blend (``scheduling.even_slice``), from ``guess_counts`` as a
-    build starts it, blended a block at a time into one buffer (nothing kept); then the chunk
-    protocol's confirmation (``unconfirmed_chunks``) with repairs by ``_replay``. Rank 0 saves the
-    final counts to ``counts_path`` and prints the phases."""
-    import numpy as np
-
-    from megacache.algorithms.blend_chunks import guess_counts, unconfirmed_chunks
-    from megacache.algorithms.blend_kernels import blend_chunk
-    from megacache.builders.config import BLEND_BLOCK
-    from megacache.builders.gpt import PhaseTimer
-    from megacache.builders.scheduling import even_slice
-    from megacache.formats.npy import load_npy
-    from megacache.runtime.comm import get_comm
-
-    comm = get_comm()
-    timer = PhaseTimer()
-    weights = load_npy(weights_path, mmap=False)
-    idx, sidx = np.empty(BLEND_BLOCK, np.int16), np.empty(BLEND_BLOCK, np.int64)
-    blend_chunk(weights, 0, None, idx[:1000], sidx[:1000])
-    timer.mark("jit")  # the kernels loaded by a first tiny call
-    s0, s1 = even_slice(size, comm.rank, comm.size)
-    guess = guess_counts(weights, s0)
-    timer.mark("guess")
-    counts = guess
-    for a in range(s0, s1, BLEND_BLOCK):
-        n = min(BLEND_BLOCK, s1 - a)
-        counts = blend_chunk(weights, a, counts, idx[:n], sidx[:n])
-    timer.mark("blend")
-    comm.wait_quietly()
-    timer.mark("wait")
-    starts, ends = map(list, zip(*comm.allgather((guess, counts))))
-    recomputed = 0
-    while todo := unconfirmed_chunks(starts, ends):
-        update = None
-        if comm.rank in todo:
-            i = comm.rank
-            end, redone = _replay(weights, s0, s1, ends[i - 1], starts[i], ends[i], idx, sidx)
-            update = (ends[i - 1], end, redone)
-        for j, changed in enumerate(comm.allgather(update)):
-            if changed is not None:
-                starts[j], ends[j], redone = changed
-                recomputed += redone
-    timer.mark("repair")
-    if comm.rank == 0:
-        np.save(counts_path, np.asarray(ends[-1], dtype=np.int64))
-        print(f"megacache blend: {size:,} samples x {len(weights)} datasets on {comm.size} rank(s), nothing kept; "
-              f"{recomputed:,} samples recomputed by repairs", flush=True)
-        print("  phases: " + ", ".join(f"{k} {v:.3f} s" for k, v in timer.phases.items()), flush=True)
-
-
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["blend"] and len(argv) == 4:
-        from megacache.runtime.startup import single_threaded_blas
-
-        single_threaded_blas()  # as a build's rank does, before numpy loads
-        blend(argv[1], int(argv[2]), argv[3])
-    elif argv[:1] == ["report"]:
+    if argv[:1] == ["report"]:
         import argparse
 
         ap = argparse.ArgumentParser(prog="python -m benchmarks.seed report")
@@ -561,8 +489,7 @@ def main(argv: list[str]) -> None:
         args = ap.parse_args(argv[1:])
         print("wrote " + ", ".join(write_report(args.results, args.doc)))
     else:
-        sys.exit("usage: python -m benchmarks.seed report [--results FILE] [--doc FILE] | blend WEIGHTS.npy SIZE "
-                 "COUNTS.npy (a rank's side of `python -m benchmarks run --suite seed`)")
+        sys.exit("usage: python -m benchmarks.seed report [--results FILE] [--doc FILE]")
 
 
 if __name__ == "__main__":

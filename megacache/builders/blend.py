@@ -120,6 +120,53 @@ def confirm_chunks(comm: Comm, weights: np.ndarray, start: int, mine: tuple, row
     return ends[-1], recomputed
 
 
+class BlendFiles:
+    """One weighted blend computed into its arrays' files (``paths``: each array's file, made at
+    its full size beforehand), blended block by block into private buffers: memory O(block), where
+    a memory map of the output would keep every written page resident. Whole by one rank
+    (``rows``), or one chunk per rank: ``speculate`` from a guessed start, then ``confirm``."""
+
+    def __init__(self, weights: np.ndarray, size: int, paths: dict[str, str], block: int, warmup: int):
+        self.weights, self.size, self.paths, self.block, self.warmup = weights, size, paths, block, warmup
+
+    def rows(self, s0: int, s1: int, counts: np.ndarray | None) -> np.ndarray:
+        """Samples ``[s0, s1)`` from the counts at ``s0`` (None: the start) into the files;
+        returns the counts at ``s1``."""
+        buffers = {what: np.empty(min(self.block, s1 - s0), dtype) for what, dtype in BLEND_ARRAYS.items()}
+        writers = [NpyWriter(self.paths[what], dtype, (self.size,)) for what, dtype in BLEND_ARRAYS.items()]
+        try:
+            for a in range(s0, s1, self.block):
+                n = min(self.block, s1 - a)
+                idx, sidx = (buffers[what][:n] for what in BLEND_ARRAYS)
+                counts = blend_chunk(self.weights, a, counts, idx, sidx)
+                for writer, rows in zip(writers, (idx, sidx)):
+                    writer.write_rows(a, rows)
+        finally:
+            for writer in writers:
+                writer.close()
+        return counts if counts is not None else np.zeros(len(self.weights), dtype=np.int64)
+
+    def speculate(self, comm: Comm) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's chunk from guessed start counts: ``(the guess, the chunk's end counts)``."""
+        s0, s1 = even_slice(self.size, comm.rank, comm.size)
+        guess = guess_counts(self.weights, s0, self.warmup)
+        return guess, self.rows(s0, s1, guess)
+
+    def confirm(self, comm: Comm, mine: tuple, what: str) -> tuple[np.ndarray, int]:
+        """Collective, after ``speculate`` on every rank: ``confirm_chunks`` over the files, giving
+        the blend's final counts and the samples recomputed."""
+        s0, s1 = even_slice(self.size, comm.rank, comm.size)
+
+        @contextmanager
+        def rows():
+            idx, sidx = (np.lib.format.open_memmap(self.paths[w], mode="r+") for w in BLEND_ARRAYS)
+            yield idx[s0:s1], sidx[s0:s1]
+            idx.flush()
+            sidx.flush()
+
+        return confirm_chunks(comm, self.weights, s0, mine, rows, what)
+
+
 class Blending:
     """The blends to compute: each either chunked over all ranks or whole on one owner."""
 
@@ -129,6 +176,8 @@ class Blending:
         # staging publishes them
         self.staging = Staging(tag)
         self.tmp = {(b.index, what): self.staging.name(b.entry.path(what)) for b in todo for what in BLEND_ARRAYS}
+        self.files = {b.index: BlendFiles(b.weights, b.size, {what: self.tmp[b.index, what] for what in BLEND_ARRAYS},
+                                          cfg.blend_block, cfg.blend_warmup) for b in todo if b.weights is not None}
         self.chunked = [b for b in todo if b.weights is not None and comm.size > 1
                         and b.size // comm.size >= cfg.blend_min_chunk]
         chunked = {b.index for b in self.chunked}
@@ -158,7 +207,7 @@ class Blending:
                     if self.owners.get(b.index) == self.comm.rank:
                         self._counts[b.index] = self._whole(b)
                 for b in self.chunked:
-                    self._speculated[b.index] = self._speculate(b)
+                    self._speculated[b.index] = self.files[b.index].speculate(self.comm)
             except BaseException as exc:  # reported collectively in finish()
                 self._error = exc
 
@@ -172,7 +221,9 @@ class Blending:
         comm.check(self._error, "blending")
         counts = self._counts
         for b in self.chunked:
-            counts[b.index] = self._repair(b, self._speculated[b.index])
+            counts[b.index], b.recomputed = self.files[b.index].confirm(comm, self._speculated[b.index],
+                                                                        f"the {b.name} blend")
+            b.chunks = comm.size
         with comm.agreed("syncing the blend files"):
             if self.todo:  # this rank's blend writes durable before rank 0 publishes (other nodes too)
                 sync_filesystems([self.cfg.cache_dir])
@@ -181,58 +232,14 @@ class Blending:
         for b in self.todo:
             b.counts = counts[b.index]
 
-    def _outputs(self, b: BlendTask) -> tuple[np.ndarray, np.ndarray]:
-        return (np.lib.format.open_memmap(self.tmp[b.index, "dataset_index.npy"], mode="r+"),
-                np.lib.format.open_memmap(self.tmp[b.index, "dataset_sample_index.npy"], mode="r+"))
-
     def _whole(self, b: BlendTask) -> np.ndarray:
         if b.weights is not None:
-            return self._blend_rows(b, 0, b.size, None)
-        idx, sidx = self._outputs(b)
+            return self.files[b.index].rows(0, b.size, None)
+        idx, sidx = (np.lib.format.open_memmap(self.tmp[b.index, what], mode="r+") for what in BLEND_ARRAYS)
         idx[:], sidx[:] = build_exhaustive_blending_indices(b.lengths)
         idx.flush()
         sidx.flush()
         return b.lengths.copy()
-
-    def _blend_rows(self, b: BlendTask, s0: int, s1: int, counts: np.ndarray | None) -> np.ndarray:
-        """Samples ``[s0, s1)`` of a weighted blend from the counts at ``s0``, blended block by
-        block into private buffers and written to the files: memory O(block), where a memory map
-        of the output would keep every written page resident. Returns the counts at ``s1``."""
-        block = self.cfg.blend_block
-        buffers = {what: np.empty(min(block, s1 - s0), dtype) for what, dtype in BLEND_ARRAYS.items()}
-        writers = [NpyWriter(self.tmp[b.index, what], dtype, (b.size,)) for what, dtype in BLEND_ARRAYS.items()]
-        try:
-            for a in range(s0, s1, block):
-                n = min(block, s1 - a)
-                idx, sidx = (buffers[what][:n] for what in BLEND_ARRAYS)
-                counts = blend_chunk(b.weights, a, counts, idx, sidx)
-                for writer, rows in zip(writers, (idx, sidx)):
-                    writer.write_rows(a, rows)
-        finally:
-            for writer in writers:
-                writer.close()
-        return counts if counts is not None else np.zeros(len(b.lengths), dtype=np.int64)
-
-    def _chunk(self, b: BlendTask) -> tuple[int, int]:
-        return even_slice(b.size, self.comm.rank, self.comm.size)
-
-    def _speculate(self, b: BlendTask) -> tuple[np.ndarray, np.ndarray]:
-        s0, s1 = self._chunk(b)
-        guess = guess_counts(b.weights, s0, self.cfg.blend_warmup)
-        return guess, self._blend_rows(b, s0, s1, guess)
-
-    def _repair(self, b: BlendTask, mine: tuple) -> np.ndarray:
-        @contextmanager
-        def rows():
-            s0, s1 = self._chunk(b)
-            idx, sidx = self._outputs(b)
-            yield idx[s0:s1], sidx[s0:s1]
-            idx.flush()
-            sidx.flush()
-
-        end, b.recomputed = confirm_chunks(self.comm, b.weights, self._chunk(b)[0], mine, rows, f"the {b.name} blend")
-        b.chunks = self.comm.size
-        return end
 
     def check_oversampling(self) -> None:
         """Megatron's IndexError, as an error naming the dataset, before anything is published."""

@@ -149,7 +149,7 @@ def test_seed_suite_builds_verifies_and_checks_the_seed_case_at_a_tiny_size(tmp_
         assert counts["datasets"] == 20 and counts["counted"] == counts["samples"] > 0, (split, counts)
     alone = record["blend_alone"]
     assert alone["samples"] == 1_000_000 and alone["vs_largest_remainder"]["counted"] == 1_000_000
-    assert {"guess", "blend", "repair"} <= set(alone["run"]["phases"])
+    assert {"blend", "repair", "sync"} <= set(alone["run"]["phases"])
     assert not [n for n in os.listdir(tmp_path) if n.startswith("megacache-bench-seed-")]
     assert "byte-identical to megacache's" in open(tmp_path / "SEED.md").read()
     doc = tmp_path / "benchmarks.md"
