@@ -7,8 +7,8 @@ filesystem, durable writes, progress, kernels); ``formats`` (the files' byte lay
 inspect); ``interfaces`` (command line, Python API, torch). A module imports only from its own
 package and those before it.
 
-The Python API is also here, imported on first use: ``from megacache import BuildConfig, build,
-open_cache, prepare_cache`` (``megacache.interfaces.api``), and ``TokenDataset`` (torch).
+The Python API is also in this package, imported on first use: ``from megacache import BuildConfig,
+build, open_cache, prepare_cache`` (``megacache.interfaces.api``), and ``TokenDataset`` (torch).
 """
 
 __version__ = "0.1.0"

@@ -40,8 +40,8 @@ echo "import bridge_standins" > "$SITE/c-megacache-standins.pth"
 cp tests/support/bridge_standins.py "$ROOT/standins/bridge_standins.py"
 PIP=("$ROOT/venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --no-deps megatron-bridge==0.6.2
-# pip sees the base environment's packages through the .pth file and installs here only what they
-# do not satisfy (e.g. transformers, which Bridge caps at 5.12.1); the base is never written to.
+# pip sees the base environment's packages through the .pth file and installs into $ROOT/venv only what
+# they do not satisfy (e.g. transformers, which Bridge caps at 5.12.1); the base is never written to.
 "${PIP[@]}" "transformers>=5.8,<=5.12.1" "omegaconf>=2.3.0" einops datasets matplotlib ipython \
   megatron-energon tensorboard pyyaml 2>&1 | grep -v -e "requires .*, which is not installed" \
   -e "dependency resolver does not currently" -e "is ignored: it is neither" || true

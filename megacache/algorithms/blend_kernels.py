@@ -70,7 +70,7 @@ def _float_bits(typingctx, x):
 
 @kernel(inline=True)
 def _key(x):
-    """An int64 that orders like the float64 x (-0.0 never occurs here). Integer max/min
+    """An int64 that orders like the float64 x (-0.0 never reaches it). Integer max/min
     reductions vectorise; float ones do not without fastmath. The kernels write them as
     ``m = x if x > m else m``, a select that LLVM turns into vector max/min."""
     b = _float_bits(x)

@@ -36,7 +36,7 @@ def size_per_split_per_dataset(
     """``_get_size_per_split_per_dataset``: int64[datasets, splits] of
     ``ceil(ceil(size·w) · (1 + surplus))``.
 
-    Python computes ``int·float`` and ``int(ceil)·float`` in float64 exactly as numpy does here
+    Python computes ``int·float`` and ``int(ceil)·float`` in float64 exactly as numpy does
     (``ceil`` of a float64 is an integer-valued float64, so going through int changes nothing).
     """
     w = np.asarray(normalized_weights, dtype=np.float64)

@@ -168,7 +168,7 @@ class GPTIndexPlan:
             )
         n = sample_count(E, T, L, x, drop_last)
         if n < 0:
-            # Only an empty split with L = 1 and x = 1 gets here; megatron-core fails on it too.
+            # Only an empty split with L = 1 and x = 1 gets this far; megatron-core fails on it too.
             raise MegacacheError(
                 f"the split has {T} tokens: no sample of sequence_length {L} (+{x}) can be built"
             )
@@ -428,7 +428,7 @@ def _rows_from_lengths(sizes, document_index, first, start, first_position, firs
     # caches overlap instead of each waiting on memory), running counts, the last row each reaches
     # (vectorised), the positions that reach a new one (compacted without branches), and only their
     # rows.
-    # The last rows are computed in float64, where every count (< 2^53) and product here is exact:
+    # The last rows are computed in float64, where every count (< 2^53) and product is exact:
     # AVX2 has neither int64 multiplication nor int64 <-> float64 conversion in vectors, so the
     # integer form runs one position at a time. Returns the rows found inside the window.
     R = rows.shape[0]
@@ -522,7 +522,7 @@ def _walk(sizes, document_index, L, x, out):
                 offset += need + length - x
                 need = 0
             elif i == last:
-                # Out of documents: only the last, partial sample (no drop_last) gets here.
+                # Out of documents: only the last, partial sample (no drop_last) ends this way.
                 offset = np.int64(sizes[document_index[last]]) - x
                 break
             else:

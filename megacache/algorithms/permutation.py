@@ -145,7 +145,7 @@ def shuffle(arr: np.ndarray, state: MT19937, block: int = _PIPELINE_BLOCK) -> No
     if hi <= block:
         _shuffle_blocks(a, words, tempered, hi)
         return
-    # Double-buffered: block k+1's j's are drawn (the RNG alone) while block k's swaps run here.
+    # Double-buffered: block k+1's j's are drawn (the RNG alone) while this thread swaps block k.
     buffers = (np.empty(block, dtype=np.int64), np.empty(block, dtype=np.int64))
     with ThreadPoolExecutor(1, thread_name_prefix="shuffle-draws") as drawer:
         m = min(block, hi)

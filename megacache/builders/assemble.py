@@ -1,8 +1,8 @@
 """Parallel in-place assembly of one dataset, Megatron's ``.bin/.idx``, a ``.pbin``, a ``.ds`` or an OLMo
 token file, from ordered parts.
 
-Tokenize, merge and convert all end here. A *part* is a run of consecutive documents (a tokenized
-work unit, or a chunk of an input dataset). Every rank knows every part's counts (documents,
+Tokenize, merge and convert all end in this module. A *part* is a run of consecutive documents (a
+tokenized work unit, or a chunk of an input dataset). Every rank knows every part's counts (documents,
 sequences, tokens), so each part's global offsets are a prefix sum that every rank computes
 identically. Rank 0 preallocates the output under a temporary name, each rank writes the parts it
 owns at their offsets (tokens copied inside the kernel, index slices by pwrite), every rank fsyncs,

@@ -361,7 +361,7 @@ class GPTBuild:
         self.published = False
         # this rank's tasks' files until they are published
         self.staging = Staging(tag)
-        # every task's generator starts here (seeding is 624 steps; copying it, one)
+        # every task's generator starts as a copy of this one (seeding is 624 steps; copying it, one)
         self.seeded = MT19937.from_seed(settings.seed)
 
     def build(self, phases: dict[str, float], enter=lambda phase: None) -> None:
@@ -401,10 +401,10 @@ class GPTBuild:
             phases["shuffle_index_wait"] = time.monotonic() - t
 
     def _document_index(self, task: GPTTask, pool: ThreadPoolExecutor, writes: BackgroundWrites) -> Future | None:
-        """Shuffle the task's document index here. A small task's sample index follows at once, and
-        one background job computes its shuffle index and writes its files (a job per task, not
-        per file: a blend has thousands of tasks, and each hand-over to the pool costs Python
-        time). A shared task's sample index is preallocated for every rank to fill, and the
+        """Shuffle the task's document index on the calling thread. A small task's sample index
+        follows at once, and one background job computes its shuffle index and writes its files (a
+        job per task, not per file: a blend has thousands of tasks, and each hand-over to the pool
+        costs Python time). A shared task's sample index is preallocated for every rank to fill, and the
         future of its shuffle index returned."""
         p = task.plan
         state = self.seeded.copy()

@@ -5,7 +5,7 @@ sequence count S u64, document-index length C u64 (documents + 1), then int32 le
 int64 byte pointers[S], int64 document_indices[C]. ``.bin`` is the bare concatenation of the
 sequences. See ``docs/megatron.md`` §1.
 
-Writers here never build the arrays whole: ``IndexLayout`` gives every array's byte offset, so
+Writers in this module never build the arrays whole: ``IndexLayout`` gives every array's byte offset, so
 each rank writes its own slice in place into a preallocated file.
 """
 

@@ -1,6 +1,6 @@
 """``.npy`` files that several ranks fill in place, byte-identical to ``numpy.save``.
 
-Megatron writes its cache arrays with ``numpy.save`` (format 1.0, C order). Here the header is
+Megatron writes its cache arrays with ``numpy.save`` (format 1.0, C order). In this module the header is
 written once and the file preallocated, so every rank can write its rows at a computed offset and
 no rank ever holds the whole array.
 """

@@ -384,7 +384,7 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     def is_cache(path: str) -> bool:
         # A prefix with its files is a dataset even when it is a directory too (Megatron's default
         # cache directory lives under the prefix), as inspect decides. verify only reads: a path
-        # judged here and changed after is read as it then is.
+        # judged by this function and changed after is read as it then is.
         prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
         return os.path.isdir(path) and not (os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)))
 

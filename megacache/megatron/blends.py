@@ -9,7 +9,7 @@
 
 Megatron's own parser (``get_blend_from_list``) reads an even word count as weight/prefix pairs
 unless *any* weight is not a number, and then treats every word as a prefix; a mixed list such as
-``0.3 A B C`` becomes four prefixes, silently. Here such a list is an error, and so are weights
+``0.3 A B C`` becomes four prefixes, silently. megacache refuses such a list, and weights
 that are zero, negative or not finite, duplicate prefixes and too many datasets.
 """
 

@@ -31,7 +31,7 @@ container. What decides the cache names, and where megacache reads it:
     their ``validation`` namesakes when not null.
   - valid: (``train_iters`` // ``validation.eval_interval`` + 1) x I x E when the interval is set and
     non-zero, else 0. test: I x E. Never None: ``skip_train``, ``full_validation`` and
-    ``start_eval_at_iter`` change nothing here, nor do batch-size ramp-ups.
+    ``start_eval_at_iter`` change nothing in these counts, nor do batch-size ramp-ups.
   - Refused as Bridge's validation refuses them: E not a multiple of the evaluation micro batch
     (``validation.eval_micro_batch_size``, else ``train.micro_batch_size``), and a learning-rate
     schedule of no steps (``train_iters: 0`` without ``scheduler.lr_decay_iters``).
@@ -52,7 +52,7 @@ container. What decides the cache names, and where megacache reads it:
   is constructed, so this applies; a live object is read as it is (rebuilt, so overwritten, when it
   has a ``chat_template_path``). ``chat_template_path`` is read as ``chat_template``. A
   ``hf_tokenizer_kwargs.revision`` with a Hub model name is resolved by Bridge to a Hub snapshot
-  path at run time: refused here.
+  path at run time: refused by megacache.
 """
 
 from __future__ import annotations

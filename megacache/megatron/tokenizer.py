@@ -89,7 +89,7 @@ _INSTEAD = ("pass --tokenizer-identifiers FILE.json (the tokenizer's unique_iden
 
 
 #: Megatron-LM's tokenizer flags in every supported version (arguments.py; 0.18 on, its
-#: TokenizerConfig). Flags that only size the embedding are accepted and change nothing here.
+#: TokenizerConfig). Flags that only size the embedding are accepted and change nothing in megacache.
 TOKENIZER_FLAGS = (
     Flag(("--tokenizer-type",), "str", help="Megatron's --tokenizer-type"),
     Flag(("--tokenizer-model",), "str", help="the HuggingFace, SentencePiece or tiktoken model"),
@@ -141,7 +141,7 @@ def tokenizer_identifiers(tokenizer_type: str | None = None, megatron_version: s
     these flags (keywords: the flags in snake case, e.g. ``tokenizer_model``, ``vocab_size``,
     ``tokenizer_special_tokens``, ``tokenizer_hf_no_use_fast``; values as typed). The version defaults
     to the installed megatron-core's, else the newest supported. Flags Megatron ignores for the chosen
-    type are ignored here too."""
+    type are ignored by this function too."""
     version = resolve(megatron_version)
     args = resolve_flags(TOKENIZER_FLAGS, version,
                          {"tokenizer_type": tokenizer_type, **without_defaults(TOKENIZER_FLAGS, flags)})

@@ -136,7 +136,7 @@ def ramped_iterations(train_samples: int, global_batch: int, start: int, increme
     0.17's ``update_train_iters`` counts them: one iteration at a time while the samples consumed are
     at most the ramp-up's and the training's, each consuming ``start + k x increment`` samples, k
     being ``int(consumed / (ramp_samples / increments))`` (floating point, as Megatron computes it);
-    then the rest at the full batch. Here a run of iterations at one batch size is counted at once
+    then the rest at the full batch. This function counts a run of iterations at one batch size at once
     (its length estimated, then settled with the same floating-point test), so the work grows with
     the number of batch sizes, not of iterations."""
     if start < 1 or increment < 1 or ramp_samples < 0:

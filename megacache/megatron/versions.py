@@ -60,7 +60,7 @@ def installed() -> str | None:
         info = os.path.join(location, "core", "package_info.py")
         if os.path.isfile(info):
             return _package_info_version(info)
-    from importlib import metadata  # here, not up front: every rank's start would pay for it
+    from importlib import metadata  # not up front: every rank's start would pay for it
 
     try:
         return metadata.version("megatron-core")

@@ -118,7 +118,7 @@ class CacheSummary:
 
 def read_entry(e: EntrySummary, count_whole_blends: bool = True) -> None:
     """Its description and array headers into ``e``, and its problems. A blend's draws per dataset
-    are counted here (a pass over its ``dataset_index``) unless it is whole and
+    are counted by this function (a pass over its ``dataset_index``) unless it is whole and
     ``count_whole_blends`` is False: verify counts those over its ranks."""
     if e.missing:
         e.problems.append(f"{e.path(e.missing[0])}: incomplete entry, missing {', '.join(e.missing)} "
@@ -163,7 +163,7 @@ def read_entry(e: EntrySummary, count_whole_blends: bool = True) -> None:
 
 def _epochs(e: EntrySummary, document_index_length: int) -> int | None:
     """Epochs of a GPTDataset entry, from its dataset's sequence count and split (None when the
-    dataset is not readable here)."""
+    dataset is not readable)."""
     ids = e.description if isinstance(e.description, dict) else {}
     try:
         lo, hi = split_range(ids, e.split_name, read_layout(idx_path(ids["dataset_path"])).sequence_count)

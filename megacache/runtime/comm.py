@@ -54,7 +54,7 @@ class Comm:
     def wait_quietly(self) -> None:
         """Barrier that sleeps while it waits, for phase ends where ranks arrive far apart."""
 
-    # Derived collectives: defined once here on top of allgather, so every backend agrees.
+    # Derived collectives: defined once in this class on top of allgather, so every backend agrees.
     def allreduce(self, value: Any, op: Callable[[Sequence[Any]], Any] = sum) -> Any:
         return op(self.allgather(value))
 

@@ -1,6 +1,6 @@
 """Who is building what, and whether they are still alive: locks, heartbeats, post-mortems.
 
-Everything here lives on the shared filesystem beside the outputs, in a hidden ``.megacache/``
+All this module keeps lives on the shared filesystem beside the outputs, in a hidden ``.megacache/``
 directory that Megatron never looks at, and relies only on what every shared filesystem offers:
 exclusive create, rename, and modification times. ``fcntl`` locks are not used (they are unreliable
 or disabled on many network filesystems).
@@ -75,7 +75,7 @@ def this_process() -> dict:
 
 def process_gone(record: dict) -> bool:
     """True when ``record`` names a process on this machine that no longer exists. A process on
-    another machine is never judged here (only by its heartbeat)."""
+    another machine is never judged by this function (only by its heartbeat)."""
     if record.get("boot") != _boot_id() or record.get("host") != socket.gethostname():
         return False
     start = _start_ticks(int(record.get("pid", -1)))
@@ -250,7 +250,7 @@ class Monitor:
         self._started = time.time()
         self._failing_since: float | None = None
         self._peer_seen = False
-        # Removed only when empty: rank 0's lock file is in it before any rank gets here.
+        # Removed only when empty: rank 0's lock file is in it before any rank creates a monitor.
         make_directories(self.dir)
         self._write()
         self._beat = _Beat(self._tick, "megacache-monitor")

@@ -1,5 +1,5 @@
-"""The environment variables megacache reads: each read here, once documented (``VARIABLES`` is
-what ``megacache --help`` lists)."""
+"""The environment variables megacache reads: each read in this module, once documented
+(``VARIABLES`` is what ``megacache --help`` lists)."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def use(version: str, monkeypatch) -> str:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_each_megatron_answers_what_the_table_gives(root, version, monkeypatch):
     python = use(version, monkeypatch)
-    monkeypatch.chdir(root)  # GPT-2 and BERT load the hub names gpt2, bert-large-*: local folders here
+    monkeypatch.chdir(root)  # GPT-2 and BERT load the hub names gpt2, bert-large-*: folders in root
     # a fifth of the identity test's random cases (that test compares the table with every one), and
     # for main the fixed ones too, as there
     cases = random_cases(version, root)[::5]

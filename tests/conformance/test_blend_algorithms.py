@@ -187,7 +187,7 @@ def test_random_blends_match_megatron(mcore, seed, cases, max_size, budget):
 
 def test_exact_tie_families(mcore):
     """Ties are decided by the exact float64 value of w*t - c: any fused multiply-add or other
-    rounding difference would show here (equal, decimal and integer-ratio weights, long runs)."""
+    rounding difference would show (equal, decimal and integer-ratio weights, long runs)."""
     for raw, size in [
         ([1, 1, 1], 100_007),
         ([1] * 7, 100_003),

@@ -77,7 +77,7 @@ def test_random_blends_single_rank(megatron, kernel_mode, report):
 def test_random_blends_under_mpi(kernel_mode, report):
     comm = get_comm("mpi")
     # Blends are cut into one chunk per rank from 50 samples per rank on, so that the chunked
-    # blend and its repair run here; no warmup, so that guesses are sometimes wrong; each chunk
+    # blend and its repair run in this test; no warmup, so that guesses are sometimes wrong; each chunk
     # blended in pieces of 997 samples.
     count = 100
     outcomes = sweep(comm, count, seed=300 + comm.size, blend_min_chunk=50, blend_warmup=0, blend_block=997)

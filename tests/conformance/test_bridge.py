@@ -202,7 +202,7 @@ def oracle_run(comm) -> tuple[str, list[dict], list[dict]]:
 
 def bridge_sweep(comm) -> dict[str, int]:
     """Every random configuration built by megacache with ``comm``'s ranks from the YAML Bridge wrote,
-    compared with Bridge's own build (what it refused, refused here too)."""
+    compared with Bridge's own build (what it refused, refused by megacache too)."""
     from megacache.builders.build import BuildConfig
     from support.sweeps import build_and_compare
 

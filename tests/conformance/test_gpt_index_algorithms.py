@@ -274,7 +274,7 @@ def test_empty_split_with_samples_raises_instead_of_looping():
     with pytest.raises(MegacacheError, match="loop forever"):
         num_epochs(0, 5, 8, 1)
     with pytest.raises(MegacacheError, match="loop forever"):
-        num_epochs(0, 0, 8, 1)  # N·L + x = 1 > 0 tokens: megatron-core loops here too
+        num_epochs(0, 0, 8, 1)  # N·L + x = 1 > 0 tokens: megatron-core loops on it too
     assert num_epochs(0, 0, 8, 0) == 1  # 0 >= 0: megatron-core returns at once
     assert num_epochs(0, None, 8, 1) == 1
     assert GPTIndexPlan.for_split(FACT5_SIZES, (3, 3), None, 8, 1, True).num_samples == 0
@@ -471,7 +471,7 @@ def test_sample_index_matches_megatron_helper(mcore):
 
 def test_int64_sample_index_keeps_the_negative_offset(mcore):
     # An empty last document and no drop_last: Megatron's int64 path records offset -1 (its int32
-    # path asserts). The int64 path is only chosen past 2^31 entries, so force the dtype here.
+    # path asserts). The int64 path is only chosen past 2^31 entries, so this test forces the dtype.
     sizes, document_index = np.array([5, 7, 0], np.int32), np.array([0, 1, 2], np.int32)
     plan = dataclasses.replace(
         GPTIndexPlan.for_split(sizes, (0, 3), None, 4, 1, False), sample_index_dtype=np.dtype(np.int64)

@@ -47,7 +47,7 @@ def corpus(kind: str, n: int, seed: int) -> list[str]:
 
 
 def expected_documents(tokenizer_dir, docs):
-    """Modalities' rule: EOD appended unless the document ends with it; none is empty here."""
+    """Modalities' rule: EOD appended unless the document ends with it; ``docs`` holds no empty one."""
     ids, eod = hf_ids(tokenizer_dir, docs)
     return [np.array(d if d and d[-1] == eod else d + [eod]) for d in ids]
 

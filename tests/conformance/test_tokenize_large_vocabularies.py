@@ -3,9 +3,9 @@ stores int32): bytes equal to megatron-core 0.16.1's ``build_tokenizer`` + ``tok
 ``IndexedDatasetBuilder`` with the dtype its ``DType.optimal_dtype`` picks for the tokenizer's
 ``vocab_size`` (what tools/preprocess_data.py does), at P = 1, 2 and 3, for a Hugging Face BPE, a
 SentencePiece BPE and a tiktoken rank file, and at P = 1 for Hugging Face BPEs of 65,499 and 65,500
-entries, either side of Megatron's threshold. Each is a tokenizer trained here and widened with unused
-entries (tests/support/tokenizer_files.py) so that the ids a text gets lie above 65,535 as well as
-below: a uint16 anywhere on the way would change them. Every case runs on gigatoken, the default
+entries, either side of Megatron's threshold. Each is a tokenizer this test trains and widens with
+unused entries (tests/support/tokenizer_files.py) so that the ids a text gets lie above 65,535 as
+well as below: a uint16 anywhere on the way would change them. Every case runs on gigatoken, the default
 backend, once its self-test against each library passes."""
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def test_large_vocabularies_write_megatrons_int32_bytes(tmp_path, megatron, file
     for ranks in rank_counts:
         run, got = tokenize_in_parts(tmp_path, docs, ranks, "--tokenizer-type", args["tokenizer_type"],
                                      "--tokenizer-model", model, "--verify-fraction", "1", *extra)
-        assert "tokenizer backend: gigatoken" in run.stdout, run.stdout  # the default backend, exact here
+        # gigatoken: the default backend, exact for these tokenizers
+        assert "tokenizer backend: gigatoken" in run.stdout, run.stdout
         assert IndexedDataset(str(tmp_path / f"out{ranks}_text_document")).layout.dtype == dtype
         assert got == expected, f"{case} P={ranks}"
     ids = np.frombuffer(expected[0], dtype=dtype)

@@ -1,7 +1,7 @@
 """megacache tokenize with Megatron's SentencePiece and tiktoken tokenizer types: bytes equal to
 megatron-core 0.16.1's ``build_tokenizer`` (the one tools/preprocess_data.py calls) +
 ``tokenize`` + ``IndexedDatasetBuilder`` on the same documents, at P = 1 and 3, with real model files
-trained here; and the backend each runs on."""
+this test trains; and the backend each runs on."""
 
 from __future__ import annotations
 

@@ -3,15 +3,15 @@ for every supported megatron-core version.
 
 New system (every version): the oracle is each version's own ``build_tokenizer(args)`` (what
 ``pretrain_gpt.py`` calls) on an ``args`` with that version's Megatron-LM flag defaults, building real
-tokenizers from files trained here (tests/support/oracle_worker.py, in that version's interpreter).
+tokenizers from files these tests train (tests/support/oracle_worker.py, in that version's interpreter).
 GPT2BPETokenizer and BertWordPiece* load the hub repos ``gpt2`` / ``bert-large-(un)cased`` (with the
 given vocab file); the oracle runs in a directory holding local folders of those names, which
 transformers prefers to the hub, so nothing is downloaded.
 
 Legacy system (0.16's ``--legacy-tokenizer``): Megatron-LM's ``megatron/training/tokenizer/tokenizer.py``
-is not installable here, so the oracle is megatron-core 0.16's ``MegatronLegacyTokenizer`` base (which
-forms the identifiers) under each Megatron-LM class name, given the paths and options that file's
-``build_tokenizer`` passes to it.
+is not installed for these tests, so the oracle is megatron-core 0.16's ``MegatronLegacyTokenizer``
+base (which forms the identifiers) under each Megatron-LM class name, given the paths and options
+that file's ``build_tokenizer`` passes to it.
 """
 
 from __future__ import annotations

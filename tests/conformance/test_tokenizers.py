@@ -71,7 +71,7 @@ def split(ids: np.ndarray, lengths: np.ndarray) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """Real tokenizers trained here: byte-level BPE (tokenizer.json in several Hugging Face
+    """Real tokenizers this module trains: byte-level BPE (tokenizer.json in several Hugging Face
     directories, and GPT-2 vocab.json + merges.txt) and BERT WordPiece (tokenizer.json and vocab.txt)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -269,7 +269,7 @@ def test_ids_eod_and_vocab_size_equal_megatron(files, oracle, job):
     for kwargs in our_forms:
         tok = load_tokenizer(**kwargs)
         # Where megatron-core finds no eos (it could not --append-eod at all), megacache takes the
-        # file's conventional end-of-text token; both files here define <|endoftext|> = 0.
+        # file's conventional end-of-text token; both files of these jobs define <|endoftext|> = 0.
         eod = 0 if job in ("hf_plain", "hf_file") else expected["eod"]
         assert (tok.vocab_size, tok.eod) == (expected["vocab_size"], eod), kwargs
         ids, lengths = tok.encode_batch(docs)

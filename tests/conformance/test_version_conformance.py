@@ -1,9 +1,9 @@
 """megacache build for megatron-core 0.19: the 200-configuration sweeps of test_build.py (one prefix)
 and test_blend_build.py (blends) against megatron-core 0.19.2 itself, in its own interpreter
-(tests/support/oracles.py), whole cache directories compared byte for byte at 1 rank here and at 2 and 3
-ranks under MPI. Each configuration hashes a tokenizer from a pool of real ones (Hugging Face with
-default and varied flags, Null, GPT-2, SentencePiece, tiktoken) that megatron-core builds with its
-own build_tokenizer and megacache derives from the same flags.
+(tests/support/oracles.py), whole cache directories compared byte for byte at 1 rank in the test process
+and at 2 and 3 ranks under MPI. Each configuration hashes a tokenizer from a pool of real ones
+(Hugging Face with default and varied flags, Null, GPT-2, SentencePiece, tiktoken) that
+megatron-core builds with its own build_tokenizer and megacache derives from the same flags.
 
 The oracle's caches depend only on the configurations, so they are built once per machine (in the
 system's temporary directory, keyed by the request) and every rank count compares against them."""

@@ -6,7 +6,7 @@ Request: ``{"cwd": DIR, "build": bool, "configs": [...]}``; each configuration i
 
 * ``{"yaml": PATH}``: a container Bridge wrote (``ConfigContainer.from_yaml``);
 * ``{"dict": {...}}``: the same as a mapping (``ConfigContainer.from_dict``);
-* ``{"spec": {...}, "yaml": PATH}``: a container made here from Bridge's configuration classes
+* ``{"spec": {...}, "yaml": PATH}``: a container this worker makes from Bridge's configuration classes
   (sections ``train``, ``validation``, ``dataset``, ``tokenizer`` of constructor keywords, ``model``
   with ``seq_length``), written with Bridge's ``to_yaml`` to PATH and read back from it, as a user's
   YAML would be.

@@ -47,8 +47,8 @@ def fault_timing(caching_s: float) -> dict[str, str]:
 
 
 def unavailable() -> str | None:
-    """Why the cluster tier cannot run here (skipped), or None. Root without GlusterFS is not a
-    reason: the tier then fails, saying how to install it."""
+    """Why the cluster tier cannot run on this machine (skipped), or None. Root without GlusterFS is
+    not a reason: the tier then fails, saying how to install it."""
     if os.geteuid() != 0:
         return "the cluster tier needs root (namespaces, FUSE mounts, glusterd); tests/run_all.sh runs it as root"
     if not os.path.exists("/dev/fuse"):

@@ -58,7 +58,7 @@ def write_input(path: str, docs: list[str]) -> None:
 
 
 def train_bpe(path: str, vocab_size: int = 2000) -> str:
-    """A real byte-level BPE tokenizer trained here on generated text, saved as tokenizer.json."""
+    """A real byte-level BPE tokenizer trained on generated text, saved as tokenizer.json."""
     return train_sample_tokenizer(path, vocab_size)
 
 

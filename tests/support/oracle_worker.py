@@ -83,7 +83,7 @@ def build_tokenizer(flags: dict):
 
 
 def tokenizers(request: dict) -> list:
-    os.chdir(request["cwd"])  # GPT-2 and BERT load the hub names gpt2, bert-large-*: local folders here
+    os.chdir(request["cwd"])  # GPT-2 and BERT load the hub names gpt2, bert-large-*: folders in cwd
     out = []
     for flags in request["cases"]:
         try:

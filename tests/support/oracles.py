@@ -30,7 +30,7 @@ ROOT = os.environ.get("MEGACACHE_ORACLES", os.path.expanduser("~/.cache/megacach
 #: the sweeps' oracle runs (the caches megatron-core and Megatron-Bridge built for them), made once
 #: per machine and kept: each is keyed by what it was asked, and outlives the tests' temporary files
 ORACLE_RUNS = os.path.expanduser("~/.cache/megacache/oracle-runs")
-#: this folder: the scripts each oracle runs (oracle_worker.py, megatron_rank.py) live here
+#: this folder: the scripts each oracle runs (oracle_worker.py, megatron_rank.py) live in it
 SUPPORT = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(SUPPORT, "oracle_worker.py")
 #: what record_megatron_main.py recorded from Megatron-LM main (the unreleased version)

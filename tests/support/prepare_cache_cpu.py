@@ -1,6 +1,6 @@
 """Runs Megatron-LM's tools/prepare_cache.py on a machine without a GPU: ``python prepare_cache_cpu.py
 TOOL ARGS...``. Its validate_args asks the GPU's architecture when tensor or context parallelism is
-above 1 (only to choose a warning about CUDA_DEVICE_MAX_CONNECTIONS); the one stand-in here answers
+above 1 (only to choose a warning about CUDA_DEVICE_MAX_CONNECTIONS); this script's one stand-in answers
 for a Hopper GPU, as on the clusters such commands come from. Nothing else is changed."""
 
 import runpy

@@ -6,7 +6,7 @@ Writes tests/data/megatron-main/:
   raised, for the random and fixed flag sets of tests/conformance/test_tokenizer_identity.py
   (tests/support/tokenizer_cases.py), and the tokenizer flags main's arguments.py declares;
 * ``caches.json``: the cache files (names and sha256) main's BlendedMegatronDatasetBuilder writes for
-  CACHE_CONFIGS, small datasets made here.
+  CACHE_CONFIGS, small datasets this script makes.
 
 Each file names the commit it came from. Paths are recorded relative to, or as ``<ROOT>`` for, the
 folder the tokenizer files and datasets were made in, so the data is the same on every machine.

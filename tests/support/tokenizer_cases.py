@@ -163,7 +163,7 @@ MAIN_CASES = {
 def fixed_cases(version: str, root) -> dict[str, dict]:
     """NEW_SYSTEM in ``version``'s flags (those it lacks left out), then MAIN_CASES from 0.20 on."""
     have = {f.dest for f in TOKENIZER_FLAGS if f.exists_in(version)}
-    # gpt2_vocab_only has Megatron download GPT-2's merges file, which an oracle here cannot
+    # gpt2_vocab_only has Megatron download GPT-2's merges file; the tests' oracles download nothing
     cases = {case: {k: v for k, v in new_system_flags(case, root).items() if k in have} for case in NEW_SYSTEM
              if case != "gpt2_vocab_only"}
     if "use_gigatoken" in have:

@@ -1,4 +1,4 @@
-"""Real tokenizer files made here, for the oracles' tokenizers: nothing is downloaded."""
+"""Real tokenizer files made by this module, for the oracles' tokenizers: nothing is downloaded."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-#: entries of the tiktoken rank file written here (its --vocab-size is this + the special tokens)
+#: entries of the tiktoken rank file this module writes (its --vocab-size is this + the special tokens)
 TIKTOKEN_RANKS = 290
 CORPUS = ["the quick brown fox jumps over the lazy dog", "hello world, tokenizers are fun",
           "pack my box with five dozen liquor jugs", "ünïcödé and <|endoftext|> here"] * 20
@@ -27,8 +27,8 @@ CLASS_METADATA = {
 
 
 def write_tokenizer_files(root: Path) -> None:
-    """Tokenizer files trained here: a byte-level BPE (Hugging Face directory ``hf`` and GPT-2
-    ``gpt2files/{vocab.json,merges.txt}``), a WordPiece ``bertfiles/vocab.txt``, the hub-named
+    """Tokenizer files trained by this function: a byte-level BPE (Hugging Face directory ``hf`` and
+    GPT-2 ``gpt2files/{vocab.json,merges.txt}``), a WordPiece ``bertfiles/vocab.txt``, the hub-named
     folders Megatron's GPT-2/BERT wrappers load, and ``meta_<library>_<model_type>.json`` and
     ``meta_<library>_<CLASS_METADATA key>.json`` metadata."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -71,7 +71,7 @@ def write_tokenizer_files(root: Path) -> None:
 
 
 def write_sentencepiece_model(path) -> None:
-    """A small BPE SentencePiece model trained here."""
+    """A small BPE SentencePiece model trained by this function."""
     import sentencepiece
 
     sentencepiece.SentencePieceTrainer.train(
@@ -123,8 +123,9 @@ WORDS4_WORDS = 70_000
 
 def write_pbin_tokenizers(root: Path) -> dict[str, Path]:
     """Hugging Face tokenizer directories (tokenizer.json + tokenizer_config.json with EOS
-    ``<|endoftext|>``) trained or built here, one per .pbin token size: a byte-level BPE (2 bytes),
-    a character BPE of under 256 tokens (1 byte), a word-level vocabulary of 70,002 (4 bytes)."""
+    ``<|endoftext|>``) trained or built by this function, one per .pbin token size: a byte-level BPE
+    (2 bytes), a character BPE of under 256 tokens (1 byte), a word-level vocabulary of 70,002
+    (4 bytes)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from megacache.text.sample_corpus import sample_documents
@@ -188,7 +189,8 @@ def widen_bpe(tokenizer_json: str, directory: Path, vocab_size: int, seed: int =
 
 def widen_sentencepiece(model: Path, out: Path, vocab_size: int) -> Path:
     """The SentencePiece model ``model`` with fillers (pieces of a private-use character no text
-    here holds) inserted at its middle piece, so that its later pieces get ids near ``vocab_size``."""
+    of these tests holds) inserted at its middle piece, so that its later pieces get ids near
+    ``vocab_size``."""
     from sentencepiece import sentencepiece_model_pb2
 
     proto = sentencepiece_model_pb2.ModelProto()

@@ -56,7 +56,7 @@ def test_smoke_suite_writes_results_plots_table_and_projection(tmp_path):
 def test_sizes_measured_in_one_run_give_the_scale_report(tmp_path):
     """Several factors in one run (what the scale suite does at 1, 3 and 10): a record per factor,
     SCALE.md with a row per size and the fitted growth, and the scale block of docs/benchmarks.md
-    (here a stand-in) rewritten."""
+    (a stand-in in this test) rewritten."""
     results = str(tmp_path / "scale.jsonl")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "smoke", "--only", "build_blend",

@@ -133,7 +133,7 @@ def test_post_mortem_names_each_rank_and_phase_and_removes_temporaries(tmp_path)
         guard.enter("sample index")
         job = guard.job
         open(tmp_path / ".x.npy.megacache-tmp-abc", "w").close()
-        # as if killed here: the records stay
+        # as if killed at this point: the records stay
         records = os.path.join(tmp_path, ".megacache", f"cache.job-{job}")
         saved = {n: open(os.path.join(records, n)).read() for n in os.listdir(records)}
     os.makedirs(records)

@@ -1,4 +1,4 @@
-"""The Slurm prebuild job for real, on a running Slurm (one node here, started by
+"""The Slurm prebuild job for real, on a running Slurm (a single node, started by
 slurm/start_single_node.sh): the README's example, run as written, tokenizes the sample corpus and
 builds the caches its training command asks for with 2 MPI ranks under ``srun --mpi=pmi2``, equal
 byte for byte to a plain one-rank build; and scancel stops a job that a resubmission resumes."""

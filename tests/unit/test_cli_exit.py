@@ -131,7 +131,7 @@ def test_a_closed_stdout_ends_the_command_quietly_with_status_141(tmp_path):
     for args in (["--help"], ["-V"]):  # no command ran: argparse's own printing, quiet too
         done = run_into_closed_pipe(*args)
         assert (done.returncode, done.stderr) == (0, ""), args
-    # what the process writes after, here an exit handler's line, goes nowhere rather than failing
+    # what the process writes after, such as an exit handler's line, goes nowhere rather than failing
     done = run_into_closed_pipe("inspect", prefix, python=("-c", RUN))
     assert (done.returncode, done.stderr) == (141, "")
     assert sorted(os.listdir(tmp_path)) == before

@@ -1,6 +1,7 @@
 """A mistyped or abbreviated flag is refused by the subcommand it was given to: that subcommand's
 usage, the flag it most likely meant, exit 2, and nothing written. Flags are never abbreviated, as
-in Megatron-LM, whose parser has allow_abbrev=False: a flag training would refuse builds nothing here.
+in Megatron-LM, whose parser has allow_abbrev=False: a flag training would refuse builds
+nothing in megacache.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ its own (a relative path a case gives lands there), so the whole sweep takes sec
 
 The tables are the specification: a flag whose absence is an error is ``required``; any other
 change is an error unless ``valid`` says why the command still means something. A flag added to the
-parser is swept at once, so it needs an entry here only where it accepts such a value.
+parser is swept at once, so it needs an entry in these tables only where it accepts such a value.
 """
 
 from __future__ import annotations
@@ -213,8 +213,8 @@ def test_command_line(case: Case, inputs, capsys, tmp_path, monkeypatch):
 
 
 def test_a_bug_inside_an_agreed_phase_exits_1_with_its_traceback(inputs, capsys, tmp_path, monkeypatch):
-    """What the sweep tells from a bad command line: a bug, here a TypeError inside the agreed phase
-    that opens the datasets, is exit 1 with its traceback, not an error of the user's."""
+    """What the sweep tells from a bad command line: a bug, in this test a TypeError inside the agreed
+    phase that opens the datasets, is exit 1 with its traceback, not an error of the user's."""
     from megacache.builders import gpt
 
     def broken(*args):

@@ -83,8 +83,9 @@ def test_a_dataset_regenerated_with_the_same_counts_is_detected(tmp_path, datase
 
 def test_without_a_manifest_the_array_shapes_are_checked(tmp_path, dataset):
     """An entry megatron-core (or an older tool) wrote has no manifest record: reused when its arrays'
-    dtypes and shapes are this configuration's, refused when not (here: the dataset regenerated with
-    more sequences; the file names, hashed from the path and the requested sizes, stay the same)."""
+    dtypes and shapes are this configuration's, refused when not (in this test: the dataset
+    regenerated with more sequences; the file names, hashed from the path and the requested sizes,
+    stay the same)."""
     prefix, lengths = dataset
     cache = tmp_path / "cache"
     build(config(prefix, cache), SingleComm())

@@ -113,6 +113,6 @@ def test_discarded_files_leave_nothing(tmp_path, unnamed_limit):
     staging = Staging("test", unnamed_limit)
     for name, pieces in files.items():
         staging.write(str(tmp_path / name), pieces)
-    staging.path(str(tmp_path / "shared.npy"))  # named, written by others: here never created
+    staging.path(str(tmp_path / "shared.npy"))  # named, written by others: never created
     staging.discard()
     assert os.listdir(tmp_path) == []

@@ -1,5 +1,5 @@
 """``--megatron-python``: megacache asks another interpreter's Megatron for the tokenizer identity.
-Here that Megatron is a stand-in package (it imports in milliseconds) that answers what a test
+In these tests that Megatron is a stand-in package (it imports in milliseconds) that answers what a test
 makes it answer; tests/conformance/test_asking_megatron_releases.py asks the real megatron-core releases."""
 
 from __future__ import annotations

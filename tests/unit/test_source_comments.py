@@ -1,7 +1,8 @@
 """Comments and docstrings keep the reason, never a number measured on one machine: every timing,
-rate, speed-up and date lives in docs/benchmarks.md or benchmarks/results/ with its record. This
-scans every comment and docstring of megacache/ and tests/ (Python, and the comments of the tests'
-shell scripts) and names each file:line that states one."""
+rate, speed-up and date lives in docs/benchmarks.md or benchmarks/results/ with its record. Nor do
+they point at a place with a bare adverb: they name it (this function, this test, this machine).
+This scans every comment and docstring of megacache/ and tests/ (Python, and the comments of the
+tests' shell scripts) and names each file:line that states one."""
 
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ PATTERNS = {
     "a measurement's wording (measured, here)": re.compile(
         r"\b(?:measured|per (?:process|rank|call|byte|token|step)|times|took|takes|costs?|slower|faster)"
         r"\s+(?:here|on this machine)\b|\(measured\b|\bmeasured\s*[:,)]", re.IGNORECASE),
+    "'here' (name the place: this function, this machine, this test ...)": re.compile(
+        r"\bhere\b", re.IGNORECASE),
 }
 
 #: phrasings that match a pattern but state a design value, not a measurement
@@ -125,14 +128,15 @@ def test_the_patterns_tell_measurements_from_design_values():
         "0.7-2.9 ns per byte", "run on 2026-11-28", "3x slower", "4.7x (natural English)", "(about 1.5 min)",
         "5-10% of the encode time", "~5 ns/token", "0.41 GB/s", "12,955,882 tokens/s", "measured here",
         "(measured)", "Measured, of 200:", "about 25,000 times here", "under a millisecond",
-        "a third of a second",
+        "a third of a second", "files trained here", "refused here too", "Here the header is",
     ]
     design = [
         "heartbeat every few seconds", "MEGACACHE_STALE_S seconds", "(default 5)", "64 KiB", "16 MiB buffer",
         "2.5 MB of buffers", "on a second thread", "0x80000000", "20 datasets x 3 splits", "4096 x 4096",
         "3 splits", "(>= 5 % of the sequences", "measured when the entry is found", "names a process on this "
         "machine", "every rank's start", "31 s without a heartbeat: dead", "factor-10", "costs microseconds",
-        "a heartbeat every 5 s", "every 30 s", "(default 30 s)", "waits 10 s (default)",
+        "a heartbeat every 5 s", "every 30 s", "(default 30 s)", "waits 10 s (default)", "there", "where",
+        "a sphere", "adhere to it", "hereafter", "whereas",
         "GlusterFS's defaults (an entry's attributes and a name's lookup for 1 s each)", "Default: 60 s",
     ]
     assert [t for t in measured if not findings(t)] == []
@@ -141,5 +145,5 @@ def test_the_patterns_tell_measurements_from_design_values():
 
 def test_comments_and_docstrings_state_no_measurement():
     found = measurements(ROOT)
-    assert found == [], "comments and docstrings keep the reason; the number goes to docs/benchmarks.md:\n" + \
-        "\n".join(found)
+    assert found == [], "comments and docstrings keep the reason and name the place; a number goes to " \
+        "docs/benchmarks.md:\n" + "\n".join(found)
