@@ -13,6 +13,9 @@ Run from the repository root::
     python -m benchmarks floor [--factor F] [--ranks P] [--repeats N] [--results FILE]  # the build (and megatron-core's) beside its start-up and its files alone
     python -m benchmarks run --suite seed [--factor F] [--ranks P] [--results FILE]  # the seed's case, 5e12 tokens (seed.py)
     python -m benchmarks.seed report [--results FILE] [--doc docs/benchmarks.md]  # SEED.md (+ that file's seed table)
+    python -m benchmarks prepare --megatron-lm VERSION=TREE ... --python PY [--only WORKLOAD ...] [--factor F ...]
+                                 [--readme README.md]   # against Megatron-LM's tools/prepare_cache.py (prepare.py)
+    python -m benchmarks.prepare report [--results FILE] [--readme README.md]  # PREPARE.md (+ the README's table)
 
 Workloads (``workloads.py``; sizes scale by the factor, 1 = the issue's sizes): ``tokenize`` (generated
 text, a trained 32k BPE), ``build_gpt`` (one large synthetic dataset), ``build_blend`` (a
@@ -31,6 +34,7 @@ Modules: ``probe`` (runs a module and records its peak RSS, CPU and bytes writte
 (processes, outputs, machine, results file), ``reference`` (megatron-core's side), ``kernel``
 (megacache's chunked blend under MPI), ``suite`` (the measurements), ``report``, ``project``, ``floor``
 (what start-up and the output files alone cost, and the disk's own write rate), ``seed`` (the seed's
-case: one build at 5e12 tokens with its checks at that scale).
+case: one build at 5e12 tokens with its checks at that scale), ``prepare`` (against Megatron-LM's own
+``tools/prepare_cache.py``).
 This file stays import-free: every probed process imports it first.
 """

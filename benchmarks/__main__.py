@@ -59,6 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=os.path.join("benchmarks", "results", "start.jsonl"))
     p.add_argument("--readme", metavar="PATH", help="also rewrite the start table between the start markers of this "
                                                     "README")
+    p = sub.add_parser("prepare", help="megacache build against Megatron-LM's tools/prepare_cache.py on the same "
+                                       "training command (see benchmarks/prepare.py)")
+    p.add_argument("--megatron-lm", nargs="+", required=True, metavar="VERSION=TREE",
+                   help="Megatron-LM checkouts and the version each is (0.19=/src/mlm-0.19 0.20=/src/mlm-main)")
+    p.add_argument("--python", required=True, help="the interpreter prepare_cache.py runs in (Python 3.12 with "
+                                                   "Megatron-LM's requirements and pybind11)")
+    p.add_argument("--only", nargs="+", choices=("build_blend", "build_gpt"), default=["build_blend", "build_gpt"],
+                   metavar="WORKLOAD")
+    p.add_argument("--factor", type=float, nargs="+", default=[1.0])
+    p.add_argument("--ranks", type=int, default=2, help="megacache ranks (default 2)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--results", default=os.path.join("benchmarks", "results", "prepare.jsonl"))
+    p.add_argument("--readme", metavar="PATH", help="also rewrite the table between the prepare markers of this README")
     p = sub.add_parser("project", help="write the 5e12-token projection from the measured phase costs")
     p.add_argument("--results", default=DEFAULT_RESULTS)
     p.add_argument("--scale-results", default=SCALE_RESULTS,
@@ -136,6 +149,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.repeats < 1 or args.ranks < 1:
                 ap.error("--repeats and --ranks must be at least 1")
             floor.measure_floor(args.suite, args.factor, args.ranks, args.repeats, args.results or floor.FLOOR_RESULTS)
+        elif args.command == "prepare":
+            from . import prepare
+
+            trees = dict(t.split("=", 1) for t in args.megatron_lm if "=" in t)
+            if len(trees) != len(args.megatron_lm) or args.repeats < 1 or args.ranks < 1:
+                ap.error("--megatron-lm takes VERSION=TREE words; --repeats and --ranks must be at least 1")
+            prepare.run(trees, args.python, args.only, args.factor, args.ranks, args.repeats, args.results)
+            print("wrote " + ", ".join(prepare.write_report(args.results, args.readme)))
         elif args.command == "start-report":
             from . import report
 

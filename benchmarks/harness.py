@@ -47,24 +47,29 @@ def _phases(stdout: str) -> dict[str, float]:
     raise BenchmarkFailure(f"no phases in the program's output:\n{stdout[-2000:]}")
 
 
-def run_program(module_args: list[str], ranks: int | None, work: str, phases: bool = True) -> dict:
-    """``python -m MODULE ARGS`` through the probe, under ``mpiexec -n ranks`` (None: plainly, one
-    process), after a ``sync``. Wall seconds from outside; ``phases`` as the program reports them plus ``other``
-    (the wall time they do not cover; all of it for a program that reports none, ``phases=False``);
-    per-rank peak RSS, CPU seconds and bytes written."""
+def run_program(module_args: list[str], ranks: int | None, work: str, phases: bool = True,
+                python: str = sys.executable, env: dict | None = None, durable: bool = False) -> dict:
+    """``python -m MODULE ARGS`` (or ``python SCRIPT.py ARGS``) through the probe, under ``mpiexec -n
+    ranks`` (None: plainly, one process), after a ``sync``; ``env`` added to the environment. Wall
+    seconds from outside, with ``durable`` until a ``sync`` after the process has made its output
+    durable; ``phases`` as the program reports them plus ``other`` (the wall time they do not cover;
+    all of it for a program that reports none, ``phases=False``); per-rank peak RSS, CPU seconds and
+    bytes written."""
     stats = os.path.join(work, "probe-stats")
-    cmd = [sys.executable, "-m", "benchmarks.probe", stats, *module_args]
+    cmd = [python, "-m", "benchmarks.probe", stats, *module_args]
     if ranks is not None:
         # MPICH's hydra starts more ranks than cores without a flag; megacache's own waits sleep,
         # so oversubscribed ranks do not spin against each other.
         cmd = ["mpiexec", "-n", str(ranks), *cmd]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])),
-               PYTHONWARNINGS="ignore")
+    env = {**os.environ, **(env or {})}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])), PYTHONWARNINGS="ignore")
     # Each side starts with nothing left to write back: megacache syncs its outputs before it
     # publishes them, and would otherwise also flush what the run before it left dirty.
     os.sync()
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    if durable:
+        os.sync()
     wall = time.perf_counter() - t0
     if out.returncode != 0:
         raise BenchmarkFailure(f"{' '.join(cmd)}\nexited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
@@ -109,12 +114,13 @@ def output_names(directory: str) -> list[str]:
     return sorted(n for n in os.listdir(directory) if n != STATE_DIR)
 
 
-def same_outputs(ours: str, theirs: str) -> int:
+def same_outputs(ours: str, theirs: str, extra: tuple[str, ...] = ()) -> int:
     """Same file names, same bytes, or a failure naming the files; the bytes compared. megacache's
-    state directory beside its outputs is its own; any other extra file is a failure, and so is a
-    reference that wrote nothing."""
+    state directory beside its outputs is its own, and so are the ``extra`` files it writes where
+    the reference does not; any other extra file is a failure, and so is a reference that wrote
+    nothing."""
     names = sorted(os.listdir(theirs))
-    mine = output_names(ours)
+    mine = [n for n in output_names(ours) if n not in extra]
     if mine != names:
         raise BenchmarkFailure(f"output file names differ:\n  megacache {mine}\n  reference {names}")
     if not names:

@@ -1,9 +1,9 @@
-"""Run ``python -m MODULE ARGS…`` in this process; at exit write this rank's resource use to
+"""Run ``python -m MODULE ARGS…`` (or the script ``SCRIPT.py ARGS…``) in this process; at exit write this rank's resource use to
 ``STATS.<rank>`` as JSON: peak RSS (KiB), CPU seconds (user + system, threads and children
 included) and bytes read and written (``/proc/self/io``'s ``read_bytes`` and ``write_bytes``: what
 the block layer read and wrote, memory-mapped writes included).
 
-    python -m benchmarks.probe STATS MODULE [ARGS…]
+    python -m benchmarks.probe STATS MODULE|SCRIPT.py [ARGS…]
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ def main() -> None:
     # MPICH's hydra and srun --mpi=pmi2 name the rank PMI_RANK; a plain process is rank 0.
     atexit.register(_write_stats, f"{stats}.{os.environ.get('PMI_RANK', '0')}")
     sys.argv = [module, *args]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
+    if module.endswith(".py"):
+        runpy.run_path(module, run_name="__main__")
+    else:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
 
 
 if __name__ == "__main__":
