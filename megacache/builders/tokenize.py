@@ -36,7 +36,7 @@ from ..runtime.fsio import (gone, make_directories, publish, read_json, remove_q
 from ..text.inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
 from ..runtime.coordination import Guard
 from ..runtime.progress import Progress
-from ..text.tokenization import Tokenizer, load_tokenizer
+from ..text.tokenization import Tokenizer, load_tokenizer, require_tokenizer
 from .assemble import Part, PartCounts, assemble, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
 
@@ -338,6 +338,7 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
         raise MegacacheError(f"--verify-fraction must be between 0 and 1, got {cfg.verify_fraction}")
     if cfg.output_format not in OUTPUT_FORMATS:
         raise MegacacheError(f"--output-format {cfg.output_format!r}: expected one of {', '.join(OUTPUT_FORMATS)}")
+    require_tokenizer(cfg.tokenizer, cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file)
 
     def plan():
         paths = expand_inputs(cfg.inputs)

@@ -74,9 +74,10 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tokenizer", f"Megatron-LM's flags mean here what they mean to build and to training; "
                                           f"--tokenizer-type is one of {', '.join(SUPPORTED_TYPES)}")
     g.add_argument("--tokenizer", metavar="SPEC",
-                   help="'byte' (embedded, default), a tokenizer.json or a directory holding one, a BERT "
-                        "vocab.txt, or a directory with GPT-2 vocab.json + merges.txt; with --tokenizer-type, "
-                        "it stands in for the file flags not given")
+                   help="a tokenizer.json or a directory holding one, a BERT vocab.txt, a directory with GPT-2 "
+                        "vocab.json + merges.txt, or 'byte' (embedded: raw UTF-8 bytes, ids 0..255, EOD 256); "
+                        "with --tokenizer-type, it stands in for the file flags not given. One of --tokenizer "
+                        "and --tokenizer-type is required")
     add_flags(g, [f for f in TOKENIZER_FLAGS if f.names[0] in _TOKENIZE_FLAGS], defaults=True)
     g.add_argument("--eod-id", type=count, help="end-of-document id, overriding the tokenizer's own")
 

@@ -87,7 +87,8 @@ def test_natural_order_of_shards(tmp_path, megatron):
     # shard_2 must precede shard_10 (a plain sort would not).
     for i in (10, 2, 1):
         write_input(str(tmp_path / f"shard_{i}.txt"), [f"document {i}"])
-    run_megacache(1, "tokenize", "--input", str(tmp_path / "shard_*.txt"), "--output-prefix", str(tmp_path / "o"))
+    run_megacache(1, "tokenize", "--input", str(tmp_path / "shard_*.txt"), "--output-prefix", str(tmp_path / "o"),
+                  "--tokenizer", "byte")
     from megacache.formats.indexed import IndexedDataset
 
     ds = IndexedDataset(str(tmp_path / "o_text_document"))
@@ -95,11 +96,11 @@ def test_natural_order_of_shards(tmp_path, megatron):
     assert texts == ["document 1", "document 2", "document 10"]
 
 
-def test_byte_tokenizer_is_the_default(tmp_path, megatron):
+def test_byte_tokenizer_gives_megatrons_bytes(tmp_path, megatron):
     docs = documents(50)
     write_input(str(tmp_path / "in.jsonl"), docs)
     run_megacache(1, "tokenize", "--input", str(tmp_path / "in.jsonl"), "--output-prefix", str(tmp_path / "o"),
-                  "--append-eod")
+                  "--tokenizer", "byte", "--append-eod")
     megatron_reference(megatron, str(tmp_path / "ref"), docs,
                        lambda ds: [list(d.encode("utf-8")) for d in ds], 256, np.uint16)
     assert file_bytes(str(tmp_path / "o_text_document")) == file_bytes(str(tmp_path / "ref"))
@@ -152,13 +153,15 @@ def test_bad_line_stops_with_location_and_publishes_nothing(tmp_path, ranks):
     (tmp_path / "a.jsonl").write_text(good * 50)
     (tmp_path / "b.jsonl").write_text(good * 30 + '{"text": "broken\n' + good * 5)
     proc = run_megacache(ranks, "tokenize", "--input", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"),
-                         "--output-prefix", str(tmp_path / "o"), "--unit-bytes", "100", check=False)
+                         "--output-prefix", str(tmp_path / "o"), "--tokenizer", "byte", "--unit-bytes", "100",
+                         check=False)
     assert proc.returncode == 2, proc.stderr
     assert f"{tmp_path / 'b.jsonl'}:line 31" in proc.stderr
     assert not any(n.startswith("o_") for n in os.listdir(tmp_path))
 
     proc = run_megacache(ranks, "tokenize", "--input", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"),
-                         "--output-prefix", str(tmp_path / "o"), "--unit-bytes", "100", "--skip-bad")
+                         "--output-prefix", str(tmp_path / "o"), "--tokenizer", "byte", "--unit-bytes", "100",
+                         "--skip-bad")
     assert "skipped 1 bad record(s)" in proc.stdout and "b.jsonl:line 31" in proc.stdout
     from megacache.formats.indexed import IndexedDataset
 

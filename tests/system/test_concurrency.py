@@ -66,7 +66,7 @@ def test_two_tokenizes_of_one_prefix_started_together(tmp_path):
     write_jsonl(str(tmp_path / "in.jsonl"), documents(3000, seed=4))
     prefix = str(tmp_path / "out")
     cmd = [sys.executable, "-m", "megacache", "tokenize", "--input", str(tmp_path / "in.jsonl"),
-           "--output-prefix", prefix, "--unit-bytes", "32K"]
+           "--output-prefix", prefix, "--tokenizer", "byte", "--unit-bytes", "32K"]
     first = subprocess.run(cmd, capture_output=True, text=True, env=ENV, check=True)
     reference = {n: open(tmp_path / n, "rb").read() for n in ("out_text_document.bin", "out_text_document.idx")}
     for n in reference:
