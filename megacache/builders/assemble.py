@@ -272,11 +272,12 @@ def assemble_olmo(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCount
 def discard(output: str, tag: str) -> None:
     """Remove the temporaries an assembly of ``output`` (a prefix, a ``.pbin``, a ``.ds`` or an OLMo
     file) with this tag may have left."""
-    for path in _files(output):
+    for path in dataset_files(output):
         remove_quietly(tmp_path(path, tag))
 
 
-def _files(output: str) -> tuple[str, ...]:
+def dataset_files(output: str) -> tuple[str, ...]:
+    """The files of the dataset ``output`` (a prefix, a ``.pbin``, a ``.ds`` or an OLMo file)."""
     if is_ds(output):
         return output, index_path(output), metadata_path(output)
     return (output,) if is_pbin(output) or is_olmo(output) else (idx_path(output), bin_path(output))
@@ -284,7 +285,7 @@ def _files(output: str) -> tuple[str, ...]:
 
 def temporaries(output: str) -> tuple[str, ...]:
     """Name prefixes of every temporary an assembly of ``output`` writes, whatever its tag."""
-    return tuple(os.path.basename(tmp_path(path, "")) for path in _files(output))
+    return tuple(os.path.basename(tmp_path(path, "")) for path in dataset_files(output))
 
 
 def guarded_output(comm: Comm, output_prefix: str, prefixes: list[str], what: str, work_dirs=()):

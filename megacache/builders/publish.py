@@ -57,3 +57,10 @@ def manifest_bytes(entries: dict[str, dict]) -> bytes:
     slower, on rank 0 while the others wait, at thousands of entries)."""
     lines = ",\n".join(f"{json.dumps(stem)}: {json.dumps(entries[stem], sort_keys=True)}" for stem in sorted(entries))
     return f'{{"format": 1, "entries": {{\n{lines}\n}}}}\n'.encode()
+
+
+def size_and_time(path: str) -> list[int]:
+    """What a record keeps of a published file: its size and modification time, to tell by one stat
+    whether it is still the file published."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
