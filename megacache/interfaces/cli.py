@@ -99,7 +99,7 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
         eod_id=args.eod_id, skip_bad=args.skip_bad, unit_bytes=args.unit_bytes, threads=args.threads,
         progress_interval_s=args.log_interval, backend=args.tokenizer_backend,
         verify_fraction=args.verify_fraction, strict_backend=args.strict_backend,
-        output_format=args.output_format,
+        output_format=args.output_format, overwrite=args.overwrite,
     )
     result = tokenize(cfg, comm)
     if comm.rank == 0:
@@ -597,6 +597,10 @@ def _add_tokenize_args(sub) -> None:
                    help="as Megatron's preprocess_data.py: writes {PREFIX}_{key}_document.bin/.idx (or "
                         "{PREFIX}_{key}_document.pbin), one dataset per --json-keys key (unlike merge's "
                         "--output-prefix, which is the dataset's own prefix)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the datasets at the output prefix when they are there already, made from other "
+                        "inputs or settings or by another tool (without it such a dataset is refused; one that "
+                        "megacache tokenize made from these inputs and settings is kept, nothing written)")
     p.add_argument("--output-format", choices=("megatron", "pbin"), default="megatron",
                    help="megatron (default): Megatron's .bin/.idx; pbin: Modalities' packed file, every "
                         "document ending with EOD as its packer ends them (--append-eod or not)")

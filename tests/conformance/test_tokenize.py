@@ -13,6 +13,7 @@ import pytest
 
 from support.corpus import (documents, file_bytes, kill_tree, megacache_cmd, megatron_reference,
                             run_megacache, train_bpe, write_input)
+from support.faults import leftovers
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_same_bytes_for_any_rank_count(tmp_path, bpe, reference, ranks):
                         "--tokenizer", bpe, "--unit-bytes", "3K")
     assert file_bytes(str(tmp_path / "out_text_document")) == reference[False]
     assert "tokenizer backend: gigatoken" in run.stdout
-    assert not [n for n in os.listdir(tmp_path) if "megacache" in n], "work files left behind"
+    assert not leftovers(str(tmp_path)), "work files left behind"
 
 
 def test_multiple_keys_and_documents_with_newlines(tmp_path, megatron, bpe, hf):
