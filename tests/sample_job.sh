@@ -8,7 +8,7 @@ OUT="${1:-sample_out}"
 # code, with the same bytes.
 megacache kernels || echo "sample_job.sh: the kernels were not compiled (above); builds run them through numba's JIT" >&2
 megacache sample-corpus --output-dir "$OUT/corpus"
-mpiexec -n 2 megacache tokenize --input "$OUT/corpus" --output-prefix "$OUT/sample" --append-eod
+mpiexec -n 2 megacache tokenize --input "$OUT/corpus" --output-prefix "$OUT/sample" --tokenizer byte --append-eod
 mpiexec -n 2 megacache build --data-path "$OUT/sample_text_document" --seq-length 256 --train-iters 500 \
     --global-batch-size 8 --eval-iters 5 --eval-interval 100 --tokenizer-type NullTokenizer --vocab-size 257 \
     --data-cache-path "$OUT/cache"

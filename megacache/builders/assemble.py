@@ -31,7 +31,8 @@ from ..formats.olmo import OlmoWriter, is_olmo
 from ..formats.pbin import TOKEN_DTYPES, PbinWriter, is_pbin
 from ..runtime.fsio import (copy_range, fsync_dir, publish as publish_file, pwrite_all, remove_quietly, tmp_path,
                             write_new_file)
-from ..runtime.coordination import guarded
+from ..runtime.coordination import guarded, tidy
+from .publish import record_path
 
 #: tokens per block when a part's tokens change dtype on the way (convert)
 _CONVERT_TOKENS = 1 << 22
@@ -272,11 +273,12 @@ def assemble_olmo(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCount
 def discard(output: str, tag: str) -> None:
     """Remove the temporaries an assembly of ``output`` (a prefix, a ``.pbin``, a ``.ds`` or an OLMo
     file) with this tag may have left."""
-    for path in _files(output):
+    for path in dataset_files(output):
         remove_quietly(tmp_path(path, tag))
 
 
-def _files(output: str) -> tuple[str, ...]:
+def dataset_files(output: str) -> tuple[str, ...]:
+    """The files of the dataset ``output`` (a prefix, a ``.pbin``, a ``.ds`` or an OLMo file)."""
     if is_ds(output):
         return output, index_path(output), metadata_path(output)
     return (output,) if is_pbin(output) or is_olmo(output) else (idx_path(output), bin_path(output))
@@ -284,14 +286,28 @@ def _files(output: str) -> tuple[str, ...]:
 
 def temporaries(output: str) -> tuple[str, ...]:
     """Name prefixes of every temporary an assembly of ``output`` writes, whatever its tag."""
-    return tuple(os.path.basename(tmp_path(path, "")) for path in _files(output))
+    return tuple(os.path.basename(tmp_path(path, "")) for path in dataset_files(output))
+
+
+def _output_lock(output_prefix: str, prefixes: list[str], work_dirs) -> tuple[str, str, tuple[str, ...]]:
+    """The directory, lock key and temporaries' names of a job writing the datasets ``prefixes``
+    (named from ``output_prefix``, in its directory), their records, and using ``work_dirs`` there."""
+    directory = os.path.dirname(os.path.abspath(output_prefix))
+    key = "prefix-" + os.path.basename(output_prefix)
+    others = [record_path(p) for p in prefixes] + list(work_dirs)
+    names = [t for p in prefixes for t in temporaries(p)] + [os.path.basename(tmp_path(w, "")) for w in others]
+    return directory, key, tuple(names)
 
 
 def guarded_output(comm: Comm, output_prefix: str, prefixes: list[str], what: str, work_dirs=()):
     """``coordination.guarded`` for a job writing the datasets ``prefixes`` (named from ``output_prefix``,
     in its directory) and using ``work_dirs`` there: one such job at a time, after what dead ones
     left there (temporary files, work directories being deleted) is cleared."""
-    directory = os.path.dirname(os.path.abspath(output_prefix))
-    key = "prefix-" + os.path.basename(output_prefix)
-    names = [t for p in prefixes for t in temporaries(p)] + [os.path.basename(tmp_path(w, "")) for w in work_dirs]
-    return guarded(comm, [directory], key, tuple(names), what)
+    directory, key, names = _output_lock(output_prefix, prefixes, work_dirs)
+    return guarded(comm, [directory], key, names, what)
+
+
+def tidy_output(output_prefix: str, prefixes: list[str], work_dirs=()) -> None:
+    """``coordination.tidy`` for such a job that finds nothing to write: what dead ones left cleared."""
+    directory, key, names = _output_lock(output_prefix, prefixes, work_dirs)
+    tidy([directory], key, names)

@@ -46,7 +46,7 @@ from .blend import BlendTask, Blending, plan_blends
 from .gpt import (Datasets, GPTBuild, GPTTask, GPTRequest, PhaseTimer, Survey, array_records,
                   measure_lengths, plan_tasks, survey_datasets)
 from .config import BuildConfig
-from .publish import manifest_bytes, manifest_path, read_manifest, write_manifest
+from .publish import manifest_bytes, manifest_path, read_manifest, size_and_time, write_manifest
 
 #: the lock key of a cache directory
 CACHE_LOCK = "cache"
@@ -433,13 +433,8 @@ def with_files(entries: dict[str, dict], items: list) -> dict[str, dict]:
     later reuse check reads an array's header only where that changed (``damage_since``)."""
     for item in items:
         e = item.entry
-        entries[e.stem]["files"] = {what: _size_and_time(e.path(what)) for what in e.names}
+        entries[e.stem]["files"] = {what: size_and_time(e.path(what)) for what in e.names}
     return entries
-
-
-def _size_and_time(path: str) -> list[int]:
-    st = os.stat(path)
-    return [st.st_size, st.st_mtime_ns]
 
 
 def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:

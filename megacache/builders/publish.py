@@ -1,5 +1,7 @@
 """Cache entries into place: Megatron's files published atomically, then megacache's manifest, its
-record of what each entry was built from beyond what Megatron's hash covers."""
+record of what each entry was built from beyond what Megatron's hash covers. A dataset that
+``tokenize`` published has a record of its own beside it (``write_record``): one job at a time
+writes a dataset prefix, while jobs writing other prefixes of its directory run at once."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ import json
 import os
 
 from ..errors import FormatError
-from ..runtime.fsio import STATE_DIR, Staging, make_directories, read_json, write_atomic
+from ..runtime.fsio import STATE_DIR, Staging, make_directories, read_json, write_atomic, write_json_atomic
+
+#: a dataset's record in the state directory beside it: ``{dataset's file name}{RECORD_SUFFIX}``
+RECORD_SUFFIX = ".made-from.json"
 
 
 def write_description(entry, staging: Staging) -> None:
@@ -57,3 +62,37 @@ def manifest_bytes(entries: dict[str, dict]) -> bytes:
     slower, on rank 0 while the others wait, at thousands of entries)."""
     lines = ",\n".join(f"{json.dumps(stem)}: {json.dumps(entries[stem], sort_keys=True)}" for stem in sorted(entries))
     return f'{{"format": 1, "entries": {{\n{lines}\n}}}}\n'.encode()
+
+
+def size_and_time(path: str) -> list[int]:
+    """What a record keeps of a published file: its size and modification time, to tell by one stat
+    whether it is still the file published."""
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns]
+
+
+def record_path(output: str) -> str:
+    """Where the record of the dataset ``output`` (a prefix, or a file such as a ``.pbin``) is."""
+    directory, name = os.path.split(os.path.abspath(output))
+    return os.path.join(directory, STATE_DIR, name + RECORD_SUFFIX)
+
+
+def read_record(output: str) -> dict | None:
+    """The record of the dataset ``output``; None when there is none (another tool wrote it)."""
+    path = record_path(output)
+    try:
+        record = read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{path}: unreadable ({exc}); delete it, or pass --overwrite to replace the dataset "
+                          f"and its record") from None
+    if not isinstance(record, dict):
+        raise FormatError(f"{path}: not a record (a JSON object); delete it, or pass --overwrite")
+    return record
+
+
+def write_record(output: str, record: dict) -> None:
+    """The record of the dataset ``output``, written atomically once it is published."""
+    make_directories(os.path.dirname(record_path(output)))
+    write_json_atomic(record_path(output), record)

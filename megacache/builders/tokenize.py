@@ -9,6 +9,14 @@
 3. Assembly (``assemble.py``): prefix sums of every unit's counts give every unit its offsets in
    the final files, which are preallocated and filled in place by the units' owners, then renamed
    into place. Document order is input order whatever the rank count, so the bytes are too.
+4. Rank 0 records what each dataset was made from (``publish.write_record``): the inputs' paths,
+   sizes and modification times, and the settings that change its bytes.
+
+A dataset already at the output is never replaced silently: one whose record says it was made from
+these inputs and settings is kept as it is (nothing is written), any other (other inputs or
+settings, or no record: another tool's) is refused unless ``--overwrite`` is given. Rank 0 decides,
+for every rank; a work directory of this very run (an interrupted one) is resumed whatever is there,
+its run having been allowed to write the outputs.
 
 ``--output-format pbin`` writes Modalities' ``.pbin`` instead (docs/modalities.md): the same units
 and assembly, tokens in its token size, and every document ending with EOD as its packer ends them.
@@ -36,8 +44,10 @@ from ..runtime.fsio import (gone, make_directories, publish, read_json, remove_q
 from ..text.inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
 from ..runtime.coordination import Guard
 from ..runtime.progress import Progress
-from ..text.tokenization import Tokenizer, load_tokenizer
-from .assemble import Part, PartCounts, assemble, assemble_pbin, discard, guarded_output
+from ..text.tokenization import Tokenizer, load_tokenizer, require_tokenizer
+from .assemble import (Part, PartCounts, assemble, assemble_pbin, dataset_files, discard, guarded_output,
+                       tidy_output)
+from .publish import read_record, size_and_time, write_record
 from .scheduling import contiguous_shares
 
 FORMAT_VERSION = 3
@@ -80,6 +90,8 @@ class TokenizeConfig:
     #: stop, rather than redo the unit with the reference, when the fast backend disagrees
     strict_backend: bool = False
     output_format: str = "megatron"
+    #: replace datasets at the output that were not made from these inputs and settings
+    overwrite: bool = False
 
     @property
     def pbin(self) -> bool:
@@ -115,11 +127,13 @@ class TokenizeResult:
     checked_documents: int           # documents the guard encoded again with the reference
     disagreements: list[str]         # units the fast backend got wrong (redone with the reference)
     stage_seconds: dict[str, float]  # STAGES summed over the units tokenized now
+    already_there: bool = False      # the outputs were there, made from these inputs and settings
 
     def __repr__(self) -> str:
+        work = ("already there" if self.already_there else
+                f"{self.units} units ({self.units_reused} reused), {self.bad_count} bad records skipped")
         return (f"TokenizeResult({', '.join(self.outputs.values())}: {self.documents:,} documents, "
-                f"{sum(self.tokens.values()):,} tokens, {self.units} units ({self.units_reused} reused), "
-                f"{self.bad_count} bad records skipped, in {self.seconds:.1f} s on {self.ranks} rank(s))")
+                f"{sum(self.tokens.values()):,} tokens, {work}, in {self.seconds:.1f} s on {self.ranks} rank(s))")
 
 
 def _load_tokenizer(cfg: TokenizeConfig, threads: int) -> Tokenizer:
@@ -136,44 +150,130 @@ def _default_threads(comm: Comm) -> int:
     return max(1, cores // max(1, comm.local_size))
 
 
-def _fingerprint(cfg: TokenizeConfig, paths: list[str], tok: Tokenizer, dtype: np.dtype) -> str:
-    """What must not change for finished units to be reused: inputs (by size and mtime), keys,
-    EOD handling, tokenizer, dtype, unit size."""
-    files = []
+#: the settings a dataset's bytes depend on (beside its inputs), as the user names them
+SETTINGS = {"json_keys": "--json-keys", "append_eod": "--append-eod", "tokenizer": "tokenizer",
+            "vocab_size": "vocabulary size", "eod": "EOD id", "special_tokens": "--tokenizer-special-tokens",
+            "dtype": "token dtype", "skip_bad": "--skip-bad", "output_format": "--output-format"}
+#: input changes and datasets named in a refusal
+SHOWN = 5
+
+
+def _made_from(cfg: TokenizeConfig, paths: list[str], tok: Tokenizer, dtype: np.dtype) -> dict:
+    """What the outputs' bytes depend on: the inputs (by path, size and mtime) and ``SETTINGS``."""
+    inputs = []
     for p in paths:
         st = os.stat(p)
-        files.append([p, st.st_size, st.st_mtime_ns])
-    desc = {
-        "version": FORMAT_VERSION, "files": files, "keys": cfg.json_keys, "append_eod": cfg.append_eod,
-        "tokenizer": tok.name, "vocab_size": tok.vocab_size, "eod": tok.eod, "dtype": dtype.name,
-        "unit_bytes": cfg.unit_bytes, "skip_bad": cfg.skip_bad, "special_tokens": cfg.special_tokens,
-        "output_format": cfg.output_format,
-    }
+        inputs.append([p, st.st_size, st.st_mtime_ns])
+    settings = {"json_keys": cfg.json_keys, "append_eod": cfg.append_eod, "tokenizer": tok.name,
+                "vocab_size": tok.vocab_size, "eod": tok.eod, "special_tokens": cfg.special_tokens,
+                "dtype": dtype.name, "skip_bad": cfg.skip_bad, "output_format": cfg.output_format}
+    return {"inputs": inputs, **settings}
+
+
+def _fingerprint(cfg: TokenizeConfig, made: dict) -> str:
+    """What must not change for finished units to be reused: what the outputs are made from, and the
+    unit size."""
+    desc = {"version": FORMAT_VERSION, "unit_bytes": cfg.unit_bytes, **made}
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
+
+
+def _changes(then: dict, now: dict) -> list[str]:
+    """How what a dataset was made from (``then``, its record's) differs from ``now``."""
+    before = {p: (size, mtime) for p, size, mtime in then.get("inputs", [])}
+    inputs = []
+    for p, size, mtime in now["inputs"]:
+        if p not in before:
+            inputs.append(f"input {p} is new")
+        elif before[p][0] != size:
+            inputs.append(f"input {p}: {before[p][0]:,} bytes then, {size:,} now")
+        elif before[p][1] != mtime:
+            inputs.append(f"input {p}: modified since")
+    current = {p for p, _, _ in now["inputs"]}
+    inputs += [f"input {p} is not among the inputs now" for p in before if p not in current]
+    if len(inputs) > SHOWN:
+        inputs[SHOWN:] = [f"{len(inputs) - SHOWN} more input(s) changed"]
+
+    def said(value) -> str:
+        return ("given" if value else "not given") if isinstance(value, bool) else repr(value)
+
+    return inputs + [f"{name}: {said(then.get(key))} then, {said(now[key])} now"
+                     for key, name in SETTINGS.items() if then.get(key) != now[key]]
+
+
+def _stat(path: str) -> list[int] | None:
+    try:
+        return size_and_time(path)
+    except FileNotFoundError:
+        return None
+
+
+@dataclass
+class _Existing:
+    """The outputs there already (rank 0 looks, under the lock or before it)."""
+
+    records: dict[str, dict]  # key -> record, of the outputs there as made from these inputs and settings
+    problems: list[str]       # the others there: their first file and how they differ
+
+
+def _existing(cfg: TokenizeConfig, made: dict) -> _Existing:
+    records, problems = {}, []
+    for key in cfg.json_keys:
+        out = cfg.output_path(key)
+        files = {os.path.basename(f): _stat(f) for f in dataset_files(out)}
+        there = sorted(os.path.join(os.path.dirname(out), n) for n, st in files.items() if st is not None)
+        if not there:
+            continue
+        record = read_record(out)
+        if record is None:
+            problems.append(f"{there[0]}: no record of megacache tokenize writing it (another tool's output?)")
+            continue
+        why = _changes(record.get("made_from", {}), made)
+        why += [f"{name} {'missing' if st is None else 'changed'} since megacache tokenize wrote it"
+                for name, st in files.items() if st != record.get("files", {}).get(name)]
+        if why:
+            problems.append(f"{there[0]}: " + "; ".join(why))
+        else:
+            records[key] = record
+    return _Existing(records, problems)
+
+
+def _refusal(problems: list[str]) -> MegacacheError:
+    shown = "\n".join(f"  {p}" for p in problems[:SHOWN])
+    more = f"\n  ... and {len(problems) - SHOWN} more" if len(problems) > SHOWN else ""
+    return MegacacheError(f"the output is there already, not made from these inputs and settings:\n{shown}{more}\n"
+                          f"Nothing was written. Pass --overwrite to replace it, or give another --output-prefix")
 
 
 def _unit_name(work_dir: str, index: int, suffix: str) -> str:
     return os.path.join(work_dir, f"unit_{index:07d}.{suffix}")
 
 
-def _prepare_work_dir(work_dir: str, fingerprint: str) -> list[int]:
-    """Reuse a work directory left by an identical earlier run, else start it afresh.
-    Returns the indices of units already finished. The directory is read, not tested first: one
-    that another node removed can still look present to this node's client for a moment."""
-    record = os.path.join(work_dir, "fingerprint.json")
+def _finished_units(work_dir: str, fingerprint: str) -> list[int] | None:
+    """The indices of the units an identical earlier run finished, from its work directory; None
+    when there is none (none, another run's, torn, or removed by another node since). The directory
+    is read, not tested first: one that another node removed can still look present to this node's
+    client for a moment."""
     try:
-        if read_json(record).get("fingerprint") == fingerprint:
+        if read_json(os.path.join(work_dir, "fingerprint.json")).get("fingerprint") == fingerprint:
             return sorted(int(n[5:12]) for n in os.listdir(work_dir) if n.endswith(".done"))
     except (OSError, ValueError, AttributeError):
-        pass  # none, another run's, torn, or removed by another node since: started afresh
+        pass
+    return None
+
+
+def _remove_work_dir(work_dir: str, tag: str) -> None:
     try:
-        remove_tree(work_dir, "stale")
+        remove_tree(work_dir, tag)
     except OSError as exc:
         if not gone(exc):
             raise
+
+
+def _start_work_dir(work_dir: str, fingerprint: str) -> None:
+    """The work directory made afresh for this run (another run's removed)."""
+    _remove_work_dir(work_dir, "stale")
     make_directories(work_dir)
-    write_json_atomic(record, {"fingerprint": fingerprint})
-    return []
+    write_json_atomic(os.path.join(work_dir, "fingerprint.json"), {"fingerprint": fingerprint})
 
 
 def _with_eod(ids: np.ndarray, lengths: np.ndarray, eod: int, pbin: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -338,6 +438,7 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
         raise MegacacheError(f"--verify-fraction must be between 0 and 1, got {cfg.verify_fraction}")
     if cfg.output_format not in OUTPUT_FORMATS:
         raise MegacacheError(f"--output-format {cfg.output_format!r}: expected one of {', '.join(OUTPUT_FORMATS)}")
+    require_tokenizer(cfg.tokenizer, cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file)
 
     def plan():
         paths = expand_inputs(cfg.inputs)
@@ -353,11 +454,27 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
             raise MegacacheError(f"{flag}: {reference.name} has no end-of-document token; pass --eod-id")
         tok, backend = select_backend(reference, cfg.backend, threads, cfg.strict_backend)
     dtype = TOKEN_DTYPES[token_size(tok.vocab_size)] if cfg.pbin else optimal_dtype(tok.vocab_size)
+    made = comm.on_root(lambda: _made_from(cfg, paths, tok, dtype), "reading the inputs' sizes and times")
 
     outputs = [cfg.output_path(k) for k in cfg.json_keys]
-    with guarded_output(comm, cfg.output_prefix, outputs, f"megacache tokenize into {cfg.output_prefix}",
-                        work_dirs=[cfg.work_dir]) as guard:
-        ordered, tokens, documents, reused = _tokenize_locked(cfg, comm, paths, units, tok, dtype, guard)
+    # Looked at first without the lock (a directory that is read-only too), then again holding it.
+    records, _ = comm.on_root(lambda: _begin(cfg, made, None), "looking at the outputs there")
+    if records is None:
+        with guarded_output(comm, cfg.output_prefix, outputs, f"megacache tokenize into {cfg.output_prefix}",
+                            work_dirs=[cfg.work_dir]) as guard:
+            guard.enter("looking at the outputs there")
+            records, finished = comm.on_root(lambda: _begin(cfg, made, guard.job), "looking at the outputs there")
+            if records is None:
+                reused = set(finished)
+                ordered, tokens, documents = _tokenize_locked(cfg, comm, paths, units, reused, tok, dtype, made,
+                                                              guard)
+    if records is not None:
+        return TokenizeResult(
+            outputs=dict(zip(cfg.json_keys, outputs)), documents=records[cfg.json_keys[0]]["documents"],
+            tokens={k: records[k]["tokens"] for k in cfg.json_keys}, units=len(units), units_reused=0,
+            bad_count=0, bad_first=[], seconds=time.monotonic() - t0, ranks=comm.size, dtype=dtype.name,
+            output_format=cfg.output_format, empty=dict.fromkeys(cfg.json_keys, 0), backend=backend,
+            checked_documents=0, disagreements=[], stage_seconds=dict.fromkeys(STAGES, 0.0), already_there=True)
     bad_first = [loc for r in ordered for loc in r["bad_first"]][:MAX_BAD_LOCATIONS]
     return TokenizeResult(
         outputs={k: cfg.output_path(k) for k in cfg.json_keys}, documents=documents, tokens=tokens,
@@ -371,13 +488,37 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
     )
 
 
-def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: list[WorkUnit], tok: Tokenizer,
-                     dtype: np.dtype, guard: Guard) -> tuple[list[dict], dict[str, int], int, set[int]]:
-    """Tokenize, holding the output prefix's lock: every unit's record, tokens per key, documents,
-    the units reused from an earlier run."""
-    fingerprint = _fingerprint(cfg, paths, tok, dtype) if comm.rank == 0 else None
-    guard.enter("preparing the work directory")
-    reused = set(comm.on_root(lambda: _prepare_work_dir(cfg.work_dir, fingerprint), "preparing the work directory"))
+def _begin(cfg: TokenizeConfig, made: dict, tag: str | None) -> tuple[dict[str, dict] | None, list[int]]:
+    """What this run does (rank 0, for every rank): the outputs' records when every one is there as
+    made from ``made`` (nothing to write); else the units that an interrupted run with these inputs
+    and settings finished (its work directory resumed, whatever is published); else none, in a work
+    directory made afresh, after refusing outputs there not made from ``made`` (unless
+    ``--overwrite``). ``tag`` None: before the lock, writing nothing; the work directory is then
+    left to the job holding it (the records returned only where there is none)."""
+    existing = _Existing({}, []) if cfg.overwrite else _existing(cfg, made)
+    if len(existing.records) == len(cfg.json_keys):
+        if tag is not None:
+            _remove_work_dir(cfg.work_dir, tag)  # of a run stopped after its records
+        elif os.path.lexists(cfg.work_dir):
+            return None, []
+        else:
+            tidy_output(cfg.output_prefix, [cfg.output_path(k) for k in cfg.json_keys], [cfg.work_dir])
+        return existing.records, []
+    fingerprint = _fingerprint(cfg, made)
+    finished = _finished_units(cfg.work_dir, fingerprint)
+    if finished is not None:
+        return None, finished
+    if existing.problems:
+        raise _refusal(existing.problems)
+    if tag is not None:
+        _start_work_dir(cfg.work_dir, fingerprint)
+    return None, []
+
+
+def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: list[WorkUnit], reused: set[int],
+                     tok: Tokenizer, dtype: np.dtype, made: dict, guard: Guard) -> tuple[list[dict], dict[str, int], int]:
+    """Tokenize, holding the output prefix's lock, the units ``reused`` finished already: every unit's
+    record, tokens per key, documents."""
     tag = guard.job
 
     owner = contiguous_shares([u.size for u in units], comm.size)
@@ -425,13 +566,26 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
             discard(out, tag)
         tokens[key] = sum(c.tokens for c in counts)
 
-    comm.barrier()
-    if comm.rank == 0:
+    def record() -> None:
+        for key in cfg.json_keys:
+            out = cfg.output_path(key)
+            write_record(out, {"made_from": made, "documents": documents, "tokens": tokens[key],
+                               "files": {os.path.basename(f): size_and_time(f) for f in dataset_files(out)}})
+        # After the records: a job stopped before them is resumed, and writes them.
         remove_tree(cfg.work_dir, tag)  # never done records whose parts are gone
-    return ordered, tokens, documents, reused
+
+    guard.enter("recording the outputs")
+    comm.on_root(record, "recording the outputs")
+    return ordered, tokens, documents
 
 
 def summary(result: TokenizeResult) -> str:
+    if result.already_there:
+        files = "" if result.output_format == "pbin" else ".bin/.idx"
+        return "\n".join([f"megacache tokenize: already there, made from these inputs with these settings: nothing "
+                          f"written ({result.seconds:.1f} s on {result.ranks} rank(s)); --overwrite rebuilds"]
+                         + [f"  {path}{files}: {result.documents:,} documents, {result.tokens[key]:,} tokens"
+                            for key, path in result.outputs.items()])
     lines = [f"megacache tokenize: done in {result.seconds:.1f} s on {result.ranks} rank(s)",
              f"  units: {result.units} ({result.units_reused} reused from an earlier run, "
              f"{result.units - result.units_reused} tokenized now)"]

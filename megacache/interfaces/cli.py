@@ -75,9 +75,10 @@ def _add_tokenizer_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tokenizer", f"Megatron-LM's flags mean here what they mean to build and to training; "
                                           f"--tokenizer-type is one of {', '.join(SUPPORTED_TYPES)}")
     g.add_argument("--tokenizer", metavar="SPEC",
-                   help="'byte' (embedded, default), a tokenizer.json or a directory holding one, a BERT "
-                        "vocab.txt, or a directory with GPT-2 vocab.json + merges.txt; with --tokenizer-type, "
-                        "it stands in for the file flags not given")
+                   help="a tokenizer.json or a directory holding one, a BERT vocab.txt, a directory with GPT-2 "
+                        "vocab.json + merges.txt, or 'byte' (embedded: raw UTF-8 bytes, ids 0..255, EOD 256); "
+                        "with --tokenizer-type, it stands in for the file flags not given. One of --tokenizer "
+                        "and --tokenizer-type is required")
     add_flags(g, [f for f in TOKENIZER_FLAGS if f.names[0] in _TOKENIZE_FLAGS], defaults=True)
     g.add_argument("--eod-id", type=count, help="end-of-document id, overriding the tokenizer's own")
 
@@ -99,7 +100,7 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
         eod_id=args.eod_id, skip_bad=args.skip_bad, unit_bytes=args.unit_bytes, threads=args.threads,
         progress_interval_s=args.log_interval, backend=args.tokenizer_backend,
         verify_fraction=args.verify_fraction, strict_backend=args.strict_backend,
-        output_format=args.output_format,
+        output_format=args.output_format, overwrite=args.overwrite,
     )
     result = tokenize(cfg, comm)
     if comm.rank == 0:
@@ -672,6 +673,10 @@ def _add_tokenize_args(sub) -> None:
                    help="as Megatron's preprocess_data.py: writes {PREFIX}_{key}_document.bin/.idx (or "
                         "{PREFIX}_{key}_document.pbin), one dataset per --json-keys key (unlike merge's "
                         "--output-prefix, which is the dataset's own prefix)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the datasets at the output prefix when they are there already, made from other "
+                        "inputs or settings or by another tool (without it such a dataset is refused; one that "
+                        "megacache tokenize made from these inputs and settings is kept, nothing written)")
     p.add_argument("--output-format", choices=("megatron", "pbin"), default="megatron",
                    help="megatron (default): Megatron's .bin/.idx; pbin: Modalities' packed file, every "
                         "document ending with EOD as its packer ends them (--append-eod or not)")

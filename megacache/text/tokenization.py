@@ -80,6 +80,13 @@ _SPEC_HELP = (
     "(file or directory holding one)"
 )
 
+NO_TOKENIZER = (
+    "no tokenizer given: pass --tokenizer SPEC (a tokenizer.json, a directory holding a Hugging Face "
+    "or GPT-2 tokenizer, or a BERT vocab.txt) or --tokenizer-type TYPE with its files, as for "
+    "Megatron-LM's preprocess_data.py; --tokenizer byte picks the raw UTF-8 byte tokenizer "
+    "(ids 0..255, EOD 256) explicitly"
+)
+
 _IDS = attrgetter("ids")
 
 # RAYON_NUM_THREADS in effect when this process first encoded in parallel: the pool size from then on.
@@ -326,6 +333,20 @@ def _flatten(encoded: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return np.fromiter(chain.from_iterable(encoded), np.int64, int(lengths.sum())), lengths
 
 
+def require_tokenizer(spec: str | None, tokenizer_type: str | None, tokenizer_model: str | None = None,
+                      vocab_file: str | None = None, merge_file: str | None = None) -> None:
+    """A tokenizer must be named, as Megatron-LM's preprocess_data.py requires --tokenizer-type (raw
+    bytes are never a silent default), and its files by their type."""
+    if tokenizer_type is None:
+        if tokenizer_model or vocab_file or merge_file:
+            raise MegacacheError(
+                "tokenizer files were given without a tokenizer type: add --tokenizer-type "
+                f"({', '.join(SUPPORTED_TYPES)}), or pass the file or directory as --tokenizer"
+            )
+        if spec is None:
+            raise MegacacheError(NO_TOKENIZER)
+
+
 def load_tokenizer(
     spec: str | None = None,
     *,
@@ -343,7 +364,7 @@ def load_tokenizer(
 ) -> Tokenizer:
     """Load the tokenizer named by ``spec`` (``--tokenizer``) or by Megatron's flags.
 
-    ``spec``: None or "byte" (embedded byte tokenizer), a tokenizer.json, a directory holding a
+    ``spec``: "byte" (embedded byte tokenizer), a tokenizer.json, a directory holding a
     Hugging Face tokenizer, a directory holding GPT-2 vocab.json + merges.txt, or a BERT vocab.txt (file
     or directory; lower-case unless ``tokenizer_type="BertWordPieceCase"``).
     Megatron's flags: ``tokenizer_type`` (one of SUPPORTED_TYPES) with ``tokenizer_model``
@@ -355,14 +376,10 @@ def load_tokenizer(
     stands in for the file flags that are not given.
     ``eod_id`` overrides the tokenizer's EOD. ``threads`` caps the encoding threads (see module doc).
     """
+    require_tokenizer(spec, tokenizer_type, tokenizer_model, vocab_file, merge_file)
     if threads is not None:
         _cap_threads(threads)
     if tokenizer_type is None:
-        if tokenizer_model or vocab_file or merge_file:
-            raise MegacacheError(
-                "tokenizer files were given without a tokenizer type: add --tokenizer-type "
-                f"({', '.join(SUPPORTED_TYPES)}), or pass the file or directory as --tokenizer"
-            )
         tokenizer = _from_spec(spec, include_special_tokens, special_tokens)
     else:
         tokenizer = _from_megatron_flags(
@@ -381,7 +398,7 @@ def load_tokenizer(
 
 
 def _from_spec(spec, include_special_tokens, special_tokens) -> Tokenizer:
-    if spec is None or spec == "byte":
+    if spec == "byte":
         return ByteTokenizer()
     if os.path.isdir(spec):
         if _has(spec, "tokenizer.json") or _has(spec, "tokenizer_config.json"):

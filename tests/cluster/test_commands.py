@@ -34,7 +34,7 @@ def test_every_command_on_two_nodes_equals_one_local_process(cluster, tmp_path):
     # tokenize: small work units, so that every rank has several
     for name in ("jsonl", "parquet"):
         both("tokenize", "--input", f"{shared}/{name}", "--output-prefix", f"{shared}/out/{name}",
-             "--append-eod", "--unit-bytes", "16K")
+             "--tokenizer", "byte", "--append-eod", "--unit-bytes", "16K")
         assert file_bytes(f"{shared}/out/{name}_text_document") == file_bytes(f"{local}/{name}_text_document")
     both("merge", f"{shared}/out/jsonl_text_document", f"{shared}/out/parquet_text_document",
          "--output-prefix", f"{shared}/out/merged")

@@ -59,7 +59,7 @@ def tokenize_workload(shared: str, local: str) -> Workload:
         write_jsonl(f"{shared}/corpus/shard{i}.jsonl", docs[i::8])
     os.makedirs(f"{shared}/tokens", exist_ok=True)
     os.makedirs(f"{local}/tokens", exist_ok=True)
-    flags = ["--append-eod", "--unit-bytes", "64K"]
+    flags = ["--tokenizer", "byte", "--append-eod", "--unit-bytes", "64K"]
     run_megacache(1, "tokenize", "--input", f"{shared}/corpus", "--output-prefix", f"{local}/tokens/out", *flags)
     return Workload("tokenize", ["tokenize", "--input", f"{shared}/corpus", "--output-prefix",
                                  f"{shared}/tokens/out", *flags], f"{shared}/tokens",

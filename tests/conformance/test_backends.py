@@ -103,7 +103,8 @@ def test_tokenizers_gigatoken_cannot_load_run_on_hf(tmp_path):
     assert "tokenizer backend: hf (gigatoken cannot load it: Unsupported model type \"WordPiece\"" in run.stdout
     forced = _tokenize(tmp_path, bert, "forced", "--tokenizer-backend", "gigatoken", ranks=1, check=False)
     assert forced.returncode == 2 and "--tokenizer-backend gigatoken: gigatoken cannot load it" in forced.stderr
-    byte = run_megacache(1, "tokenize", "--input", str(tmp_path / "in"), "--output-prefix", str(tmp_path / "b"))
+    byte = run_megacache(1, "tokenize", "--input", str(tmp_path / "in"), "--output-prefix", str(tmp_path / "b"),
+                         "--tokenizer", "byte")
     assert "tokenizer backend: builtin (gigatoken does not apply to byte-level" in byte.stdout
 
 

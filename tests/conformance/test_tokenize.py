@@ -13,6 +13,7 @@ import pytest
 
 from support.corpus import (documents, file_bytes, kill_tree, megacache_cmd, megatron_reference,
                             run_megacache, train_bpe, write_input)
+from support.faults import leftovers
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def test_same_bytes_for_any_rank_count(tmp_path, bpe, reference, ranks):
                         "--tokenizer", bpe, "--unit-bytes", "3K")
     assert file_bytes(str(tmp_path / "out_text_document")) == reference[False]
     assert "tokenizer backend: gigatoken" in run.stdout
-    assert not [n for n in os.listdir(tmp_path) if "megacache" in n], "work files left behind"
+    assert not leftovers(str(tmp_path)), "work files left behind"
 
 
 def test_multiple_keys_and_documents_with_newlines(tmp_path, megatron, bpe, hf):
@@ -87,7 +88,8 @@ def test_natural_order_of_shards(tmp_path, megatron):
     # shard_2 must precede shard_10 (a plain sort would not).
     for i in (10, 2, 1):
         write_input(str(tmp_path / f"shard_{i}.txt"), [f"document {i}"])
-    run_megacache(1, "tokenize", "--input", str(tmp_path / "shard_*.txt"), "--output-prefix", str(tmp_path / "o"))
+    run_megacache(1, "tokenize", "--input", str(tmp_path / "shard_*.txt"), "--output-prefix", str(tmp_path / "o"),
+                  "--tokenizer", "byte")
     from megacache.formats.indexed import IndexedDataset
 
     ds = IndexedDataset(str(tmp_path / "o_text_document"))
@@ -95,11 +97,11 @@ def test_natural_order_of_shards(tmp_path, megatron):
     assert texts == ["document 1", "document 2", "document 10"]
 
 
-def test_byte_tokenizer_is_the_default(tmp_path, megatron):
+def test_byte_tokenizer_gives_megatrons_bytes(tmp_path, megatron):
     docs = documents(50)
     write_input(str(tmp_path / "in.jsonl"), docs)
     run_megacache(1, "tokenize", "--input", str(tmp_path / "in.jsonl"), "--output-prefix", str(tmp_path / "o"),
-                  "--append-eod")
+                  "--tokenizer", "byte", "--append-eod")
     megatron_reference(megatron, str(tmp_path / "ref"), docs,
                        lambda ds: [list(d.encode("utf-8")) for d in ds], 256, np.uint16)
     assert file_bytes(str(tmp_path / "o_text_document")) == file_bytes(str(tmp_path / "ref"))
@@ -152,13 +154,15 @@ def test_bad_line_stops_with_location_and_publishes_nothing(tmp_path, ranks):
     (tmp_path / "a.jsonl").write_text(good * 50)
     (tmp_path / "b.jsonl").write_text(good * 30 + '{"text": "broken\n' + good * 5)
     proc = run_megacache(ranks, "tokenize", "--input", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"),
-                         "--output-prefix", str(tmp_path / "o"), "--unit-bytes", "100", check=False)
+                         "--output-prefix", str(tmp_path / "o"), "--tokenizer", "byte", "--unit-bytes", "100",
+                         check=False)
     assert proc.returncode == 2, proc.stderr
     assert f"{tmp_path / 'b.jsonl'}:line 31" in proc.stderr
     assert not any(n.startswith("o_") for n in os.listdir(tmp_path))
 
     proc = run_megacache(ranks, "tokenize", "--input", str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl"),
-                         "--output-prefix", str(tmp_path / "o"), "--unit-bytes", "100", "--skip-bad")
+                         "--output-prefix", str(tmp_path / "o"), "--tokenizer", "byte", "--unit-bytes", "100",
+                         "--skip-bad")
     assert "skipped 1 bad record(s)" in proc.stdout and "b.jsonl:line 31" in proc.stdout
     from megacache.formats.indexed import IndexedDataset
 

@@ -282,8 +282,8 @@ def test_ids_eod_and_vocab_size_equal_megatron(files, oracle, job):
 
 
 def test_byte_tokenizer(oracle):
-    tok = load_tokenizer()
-    assert (tok.vocab_size, tok.eod) == (257, 256) and load_tokenizer("byte").eod == 256
+    tok = load_tokenizer("byte")
+    assert (tok.vocab_size, tok.eod) == (257, 256)
     ids, lengths = tok.encode_batch(DOCS)
     assert split(ids, lengths) == oracle["byte"]["ids"]  # Megatron's ByteLevelTokenizer ids
     assert ids.tolist() == list("".join(DOCS).encode("utf-8"))
@@ -299,7 +299,7 @@ def test_empty_batch(files, spec):
 
 def test_eod_override(files):
     assert load_tokenizer(files["bpe_plain"], eod_id=1).eod == 1
-    assert load_tokenizer(eod_id=10).eod == 10
+    assert load_tokenizer("byte", eod_id=10).eod == 10
     with pytest.raises(MegacacheError, match=r"--eod-id 800 is outside the vocabulary .* \(ids 0\.\.799\)"):
         load_tokenizer(files["bpe_plain"], eod_id=800)
 
@@ -311,7 +311,7 @@ def test_extra_ids_of_bert_cased_are_special(files):
 
 
 def test_names(files):
-    assert load_tokenizer().name == "byte-level (UTF-8 bytes, EOD 256)"
+    assert load_tokenizer("byte").name == "byte-level (UTF-8 bytes, EOD 256)"
     assert load_tokenizer(files["bpe_chat"]).name == f"Hugging Face tokenizer ({files['bpe_chat']})"
     assert load_tokenizer(files["gpt2"]).name.startswith("GPT-2 BPE (")
     assert load_tokenizer(files["bert"]).name.startswith("BERT WordPiece lower-case (")
@@ -331,6 +331,9 @@ def test_bad_specs(files, tmp_path):
     (tmp_path / "model.bin").write_bytes(b"\0")
     fails(r"model.bin: unknown kind of tokenizer file", str(tmp_path / "model.bin"))
     fails(r"files were given without a tokenizer type: add --tokenizer-type", vocab_file=f"{files['bert']}/vocab.txt")
+    fails(r"^no tokenizer given: pass --tokenizer SPEC .* or --tokenizer-type TYPE with its files, as for "
+          r"Megatron-LM's preprocess_data.py; --tokenizer byte picks the raw UTF-8 byte tokenizer \(ids 0\.\.255, "
+          r"EOD 256\) explicitly$", eod_id=10)
     fails(r"unknown --tokenizer-type 'GPT2Tokenizer'; supported: HuggingFaceTokenizer, GPT2BPETokenizer",
           tokenizer_type="GPT2Tokenizer")
     fails(r"--tokenizer-type MultimodalTokenizer is not supported", tokenizer_type="MultimodalTokenizer")
@@ -348,7 +351,7 @@ def test_bad_specs(files, tmp_path):
           tokenizer_type="HuggingFaceTokenizer", tokenizer_model=files["bpe_plain"], vocab_file=files["bpe_file"])
     fails(r"GPT2BPETokenizer needs --vocab-file", f"{files['gpt2']}/merges.txt", tokenizer_type="GPT2BPETokenizer")
     fails(r"NullTokenizer needs --vocab-size", tokenizer_type="NullTokenizer")
-    fails(r"threads must be at least 1, not 0", threads=0)
+    fails(r"threads must be at least 1, not 0", "byte", threads=0)
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "tokenizer.json").write_text("{not json")
     fails(r"cannot load the Hugging Face tokenizer .*broken", str(tmp_path / "broken"))

@@ -7,6 +7,7 @@ import os
 import subprocess
 import time
 
+from megacache.builders.publish import RECORD_SUFFIX
 from megacache.runtime.fsio import STATE_DIR, TMP_MARK, gone, names
 
 
@@ -53,9 +54,10 @@ def current_phases(directory: str, rank: int | None = None) -> set[str]:
 
 def leftovers(directory: str) -> list[str]:
     """What a finished job must not leave in ``directory``: temporaries, work directories, locks,
-    rank records (megacache's manifest stays)."""
+    rank records (megacache's manifest and its datasets' records stay)."""
     found = [n for n in names(directory) if TMP_MARK in n or ".megacache-work" in n]
-    return found + [n for n in names(os.path.join(directory, STATE_DIR)) if n != "manifest.json"]
+    return found + [n for n in names(os.path.join(directory, STATE_DIR))
+                    if n != "manifest.json" and not n.endswith(RECORD_SUFFIX)]
 
 
 def wait_for_phase(directory: str, phase: str, job: subprocess.Popen, timeout: float = 60) -> None:

@@ -66,7 +66,7 @@ def test_two_tokenizes_of_one_prefix_started_together(tmp_path):
     write_jsonl(str(tmp_path / "in.jsonl"), documents(3000, seed=4))
     prefix = str(tmp_path / "out")
     cmd = [sys.executable, "-m", "megacache", "tokenize", "--input", str(tmp_path / "in.jsonl"),
-           "--output-prefix", prefix, "--unit-bytes", "32K"]
+           "--output-prefix", prefix, "--tokenizer", "byte", "--unit-bytes", "32K"]
     first = subprocess.run(cmd, capture_output=True, text=True, env=ENV, check=True)
     reference = {n: open(tmp_path / n, "rb").read() for n in ("out_text_document.bin", "out_text_document.idx")}
     for n in reference:
@@ -77,7 +77,8 @@ def test_two_tokenizes_of_one_prefix_started_together(tmp_path):
         out, err = job.communicate(timeout=300)
         assert job.returncode == 0, out + err
     assert {n: open(tmp_path / n, "rb").read() for n in reference} == reference, first.stdout
-    assert sorted(os.listdir(tmp_path)) == ["in.jsonl", *sorted(reference)]
+    assert sorted(os.listdir(tmp_path)) == [".megacache", "in.jsonl", *sorted(reference)]
+    assert os.listdir(tmp_path / ".megacache") == ["out_text_document.made-from.json"]  # what made it
 
 
 def test_a_lock_held_by_a_live_job_waits_and_a_dead_holders_lock_is_broken(tmp_path):

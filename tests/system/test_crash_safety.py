@@ -133,8 +133,8 @@ def tokenize_workload(tmp) -> tuple[Workload, dict[str, bytes]]:
     out = tmp / "out"
     out.mkdir()
     prefix = str(out / "out")
-    args = ["tokenize", "--input", str(data), "--output-prefix", prefix, "--unit-bytes", "64K"]
-    cfg = TokenizeConfig(inputs=[str(data)], output_prefix=prefix, unit_bytes=64 << 10, threads=1)
+    args = ["tokenize", "--input", str(data), "--output-prefix", prefix, "--tokenizer", "byte", "--unit-bytes", "64K"]
+    cfg = TokenizeConfig(inputs=[str(data)], output_prefix=prefix, tokenizer="byte", unit_bytes=64 << 10, threads=1)
     tokenize(cfg, SingleComm())
     reference = final_files(str(out))
     wl = Workload("tokenize", args, str(out), lambda: tokenize(cfg, SingleComm()),

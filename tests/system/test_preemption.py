@@ -59,7 +59,8 @@ def test_ctrl_c_on_a_tokenize_then_the_rerun_resumes(tmp_path):
         write_jsonl(str(corpus / f"shard{i}.jsonl"), docs[i::8])
     out = str(tmp_path / "out")
     os.makedirs(out)
-    args = ["tokenize", "--input", str(corpus), "--output-prefix", f"{out}/tok", "--unit-bytes", "32K", "--threads", "1"]
+    args = ["tokenize", "--input", str(corpus), "--output-prefix", f"{out}/tok", "--tokenizer", "byte", "--unit-bytes",
+            "32K", "--threads", "1"]
     job = subprocess.Popen([sys.executable, "-m", "megacache", *args], env=ENV, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     wait_for_phase(out, "tokenizing", job)
@@ -76,7 +77,8 @@ def test_ctrl_c_on_a_tokenize_then_the_rerun_resumes(tmp_path):
     rerun = run_megacache(1, *args)
     resumed = re.search(r"resuming: (\d+) of (\d+) units already done", rerun.stderr)
     assert resumed and int(resumed.group(1)) > 0, rerun.stderr
-    run_megacache(1, "tokenize", "--input", str(corpus), "--output-prefix", str(tmp_path / "whole"))
+    run_megacache(1, "tokenize", "--input", str(corpus), "--output-prefix", str(tmp_path / "whole"), "--tokenizer",
+                  "byte")
     assert final_files(out) == {n.replace("whole", "tok"): d for n, d in final_files(str(tmp_path)).items()
                                 if n.startswith("whole")}
 

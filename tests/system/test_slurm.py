@@ -132,7 +132,8 @@ def test_scancel_stops_the_prebuild_job_and_a_resubmitted_job_resumes(tmp_path, 
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     corpus, prefix, cache = tmp_path / "corpus", tmp_path / "tok", tmp_path / "cache"
     megacache("sample-corpus", "--output-dir", str(corpus), "--files", "8", "--documents", "6000", env=env)
-    env.update(INPUT=str(corpus), OUTPUT_PREFIX=str(prefix), TOKENIZE_ARGS="--append-eod --unit-bytes 32K",
+    env.update(INPUT=str(corpus), OUTPUT_PREFIX=str(prefix), TOKENIZER="--tokenizer byte",
+               TOKENIZE_ARGS="--append-eod --unit-bytes 32K",
                TRAIN_ARGS=shlex.join(["--data-path", f"{prefix}_text_document", "--data-cache-path", str(cache),
                                       "--split", SPLIT, *BUILD_FLAGS]),
                VERIFY_ARGS="--vocab-size 257", MEGACACHE=f"{sys.executable} -m megacache",
@@ -162,8 +163,8 @@ def test_scancel_stops_the_prebuild_job_and_a_resubmitted_job_resumes(tmp_path, 
     assert "an earlier job" in output and "(stopped by SIGTERM)" in output, output
     resumed = re.search(r"resuming: (\d+) of (\d+) units already done", output)
     assert resumed and int(resumed.group(1)) > 0, output
-    megacache("tokenize", "--input", str(corpus), "--output-prefix", str(tmp_path / "single"), "--append-eod",
-              env=env)
+    megacache("tokenize", "--input", str(corpus), "--output-prefix", str(tmp_path / "single"), "--tokenizer", "byte",
+              "--append-eod", env=env)
     for suffix in (".bin", ".idx"):
         assert Path(f"{prefix}_text_document{suffix}").read_bytes() == \
             (tmp_path / f"single_text_document{suffix}").read_bytes()

@@ -104,7 +104,7 @@ class Work:
         return self.file("in/big.jsonl", "".join(f'{{"text": "{"word " * 200}{i}"}}\n' for i in range(400)))
 
     def tokenize(self, *inputs: str) -> list[str]:
-        return ["tokenize", "--input", *inputs, "--output-prefix", f"{self.out}/o", "--append-eod"]
+        return ["tokenize", "--input", *inputs, "--output-prefix", f"{self.out}/o", "--tokenizer", "byte", "--append-eod"]
 
     def build(self, *data: str) -> list[str]:
         """A sound build command for ``data`` (flags after it override these: argparse keeps the last)."""
@@ -432,10 +432,12 @@ CASES = [
     case("merge-output-under-a-file", lambda w: ["merge", w.good, "--output-prefix", w.file("afile", "x") + "/m"],
          "{t}/afile", "Not a directory"),
     case("tokenize-output-under-a-file",
-         lambda w: ["tokenize", "--input", w.sound_jsonl(), "--output-prefix", w.file("afile", "x") + "/o"],
+         lambda w: ["tokenize", "--input", w.sound_jsonl(), "--output-prefix", w.file("afile", "x") + "/o",
+                    "--tokenizer", "byte"],
          "{t}/afile"),
     case("tokenize-output-directory-not-writable",
-         lambda w: ["tokenize", "--input", w.sound_jsonl(), "--output-prefix", w.read_only_dir() + "/o"],
+         lambda w: ["tokenize", "--input", w.sound_jsonl(), "--output-prefix", w.read_only_dir() + "/o",
+                    "--tokenizer", "byte"],
          "{t}/ro", permissions=True),
     case("tokenize-output-file-size-limit",  # parts fit, the assembled .bin does not
          lambda w: [*w.tokenize(w.big_jsonl()), "--unit-bytes", "64K"],
@@ -443,6 +445,10 @@ CASES = [
     case("tokenize-part-file-size-limit",  # one unit, whose part file is already too large
          lambda w: w.tokenize(w.big_jsonl()), "{t}/out/", "File too large", fsize_limit=300 << 10),
     # --- tokenize inputs ------------------------------------------------------------------------
+    case("tokenize-no-tokenizer",  # as Megatron's preprocess_data.py: raw bytes are no silent default
+         lambda w: ["tokenize", "--input", w.sound_jsonl(), "--output-prefix", f"{w.out}/o"],
+         "no tokenizer given: pass --tokenizer SPEC", "or --tokenizer-type TYPE with its files",
+         "--tokenizer byte picks the raw UTF-8 byte tokenizer (ids 0..255, EOD 256) explicitly"),
     case("tokenize-invalid-json", lambda w: w.tokenize(w.jsonl('{"text": "unterminated')),
          "{t}/in/bad.jsonl:line 31: invalid JSON: Unterminated string starting at column 10"),
     case("tokenize-line-not-an-object", lambda w: w.tokenize(w.jsonl('["text"]')),

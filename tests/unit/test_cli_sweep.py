@@ -86,7 +86,7 @@ COMMANDS = {
     "tokenize": Command(
         ("tokenize", "--input", f"{T}/ids.jsonl", "--output-prefix", O, "--tokenizer-type", "NullTokenizer",
          "--vocab-size", "100"),
-        required=frozenset({"--input", "--output-prefix", "--vocab-size"}),
+        required=frozenset({"--input", "--output-prefix", "--tokenizer-type", "--vocab-size"}),
         valid={
             ("--output-prefix", WORD): "a prefix relative to the current directory",
             "--tokenizer": _IGNORED,

@@ -48,7 +48,8 @@ def test_a_prepared_cache_prints_its_splits_and_what_was_done(tmp_path, monkeypa
 
 def test_tokenize_and_merge_print_one_line(tmp_path):
     write_jsonl(str(tmp_path / "a.jsonl"), documents(200, seed=2))
-    cfg = TokenizeConfig(inputs=[str(tmp_path / "a.jsonl")], output_prefix=str(tmp_path / "t"), threads=1)
+    cfg = TokenizeConfig(inputs=[str(tmp_path / "a.jsonl")], output_prefix=str(tmp_path / "t"), tokenizer="byte",
+                         threads=1)
     done = tokenize(cfg, SingleComm())
     out = done.outputs["text"]
     assert repr(done) == (f"TokenizeResult({out}: {done.documents:,} documents, {done.tokens['text']:,} tokens, 1 units (0 reused), "

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from megacache.builders.build import _is_other_than_directory
-from megacache.builders.tokenize import _prepare_work_dir
+from megacache.builders.tokenize import _finished_units, _start_work_dir
 from megacache.runtime.coordination import Lock, post_mortem, state_dir
 from megacache.runtime.fsio import gone, make_directories, remove_quietly
 
@@ -170,10 +170,11 @@ def test_post_mortem_of_a_state_directory_removed_meanwhile_finds_nothing(tmp_pa
 
 def test_a_work_directory_removed_between_its_fingerprint_and_its_listing_is_started_afresh(tmp_path, monkeypatch):
     work = str(tmp_path / "out.megacache-work")
-    assert _prepare_work_dir(work, "f1") == []
+    assert _finished_units(work, "f1") is None      # none
+    _start_work_dir(work, "f1")
     with open(os.path.join(work, "unit_0000003.done"), "w") as f:
         f.write("{}")
-    assert _prepare_work_dir(work, "f1") == [3]     # an identical earlier run's units reused
+    assert _finished_units(work, "f1") == [3]       # an identical earlier run's units reused
     # another node removes it (its remove_tree) after the fingerprint was read, before the listing
     real = os.listdir
 
@@ -183,19 +184,22 @@ def test_a_work_directory_removed_between_its_fingerprint_and_its_listing_is_sta
         return real(path)
 
     monkeypatch.setattr(os, "listdir", listdir)
-    assert _prepare_work_dir(work, "f1") == []
+    assert _finished_units(work, "f1") is None
+    _start_work_dir(work, "f1")
     assert real(work) == ["fingerprint.json"]
 
 
-def test_a_work_directory_of_other_inputs_or_none_or_torn_is_started_afresh(tmp_path):
+def test_a_work_directory_of_other_inputs_or_torn_is_started_afresh(tmp_path):
     work = str(tmp_path / "out.megacache-work")
-    assert _prepare_work_dir(work, "f1") == []      # none
+    _start_work_dir(work, "f1")
     open(os.path.join(work, "unit_0000001.done"), "w").close()
-    assert _prepare_work_dir(work, "f2") == []      # another run's
+    assert _finished_units(work, "f2") is None      # another run's
+    _start_work_dir(work, "f2")
     assert os.listdir(work) == ["fingerprint.json"]
     with open(os.path.join(work, "fingerprint.json"), "w") as f:
         f.write('["torn')
-    assert _prepare_work_dir(work, "f2") == []      # torn
+    assert _finished_units(work, "f2") is None      # torn
+    _start_work_dir(work, "f2")
     assert json.load(open(os.path.join(work, "fingerprint.json"))) == {"fingerprint": "f2"}
 
 
