@@ -1,7 +1,7 @@
 """What checking existing entries for damage costs a build that rebuilds nothing: the 1000-dataset
 blend (``workloads.build_blend``) built once, then ``megacache build`` of it again (every entry
 reused, a whole process on ``RANKS`` ranks, after a ``sync``) against the damage check alone
-(``builders.build.damage_since`` of every entry against its manifest record, in one process; a
+(``builders.build.damages_since`` of every entry against its manifest record, in one process; a
 build deals it over its ranks), alternating, medians of ``REPEATS``.
 Appends a line to benchmarks/results/reuse.jsonl.
 
@@ -19,8 +19,9 @@ import tempfile
 import time
 from datetime import date
 
+from benchmarks.harness import git_commit
 from benchmarks.workloads import SUITES, build_blend
-from megacache.builders.build import damage_since, plan
+from megacache.builders.build import damages_since, plan
 from megacache.builders.publish import read_manifest
 from megacache.interfaces import cli
 from megacache.runtime.comm import SingleComm
@@ -50,7 +51,7 @@ def main(factor: float = 0.01, repeats: int = 3, ranks: int = 2) -> None:
             assert f"(0 built, {len(items)} already there)" in done.stdout, done.stdout
             os.sync()
             t = time.perf_counter()
-            damaged = [item for item, files in zip(items, recorded) if damage_since(item, files)]
+            damaged = [problems for problems in damages_since(items, recorded) if problems]
             times["damage check"].append(time.perf_counter() - t)
             assert not damaged
     medians = {k: statistics.median(v) for k, v in times.items()}
@@ -59,7 +60,7 @@ def main(factor: float = 0.01, repeats: int = 3, ranks: int = 2) -> None:
               "datasets": case.params["datasets"], "entries": len(items), "files": files,
               "rebuild_nothing_s": round(medians["rebuild nothing"], 3),
               "damage_check_s": round(medians["damage check"], 4), "share": round(share, 4),
-              "share_per_rank": round(share / ranks, 4)}
+              "share_per_rank": round(share / ranks, 4), "commit": git_commit()}
     with open(RESULTS, "a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
     print(f"{len(items):,} entries ({files:,} files) of a {case.params['datasets']}-dataset blend, medians of "

@@ -252,22 +252,40 @@ def _read_start(path: str, length: int) -> tuple[bytes, int]:
         os.close(fd)
 
 
-def damage_since(item, files: dict | None) -> list[str]:
-    """``damage(item)``, unless its files are as its manifest record saw them published (``files``,
-    from ``with_files``): the same size and modification time, one stat each."""
-    if files is not None:
-        stem = os.path.join(item.entry.directory, item.entry.stem)
-        try:
-            for what in item.entry.names:
-                size, mtime_ns = files[what]
-                st = os.stat(f"{stem}-{what}")
-                if st.st_size != size or st.st_mtime_ns != mtime_ns:
-                    break
-            else:
-                return []
-        except (OSError, KeyError, TypeError, ValueError):  # gone, or a record of another form
-            pass
-    return damage(item)
+def damages_since(items: list, records: list) -> list[list[str]]:
+    """``damage`` of each item, unless its files are as its manifest record saw them published
+    (``records``, each from ``with_files``): the same size and modification time, one stat each,
+    by name within its directory, opened once (a path resolved for each file costs more)."""
+    directories: dict[str, int | None] = {}
+    try:
+        out = []
+        for item, files in zip(items, records):
+            d = item.entry.directory
+            if d not in directories:
+                try:
+                    directories[d] = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+                except OSError:  # gone: ``damage`` says so, file by file
+                    directories[d] = None
+            out.append([] if _as_recorded(item, files, directories[d]) else damage(item))
+        return out
+    finally:
+        for fd in directories.values():
+            if fd is not None:
+                os.close(fd)
+
+
+def _as_recorded(item, files: dict | None, directory_fd: int | None) -> bool:
+    if files is None or directory_fd is None:
+        return False
+    try:
+        for what in item.entry.names:
+            size, mtime_ns = files[what]
+            st = os.stat(f"{item.entry.stem}-{what}", dir_fd=directory_fd)
+            if st.st_size != size or st.st_mtime_ns != mtime_ns:
+                return False
+    except (OSError, KeyError, TypeError, ValueError):  # gone, or a record of another form
+        return False
+    return True
 
 
 def _drifts(items: list, present: list[bool]) -> list[tuple[list[str], dict | None]]:
@@ -367,7 +385,9 @@ def _check_existing(planned: Plan, present: list[bool], comm: Comm) -> list[tupl
     drifts = comm.on_root(lambda: _drifts(items, present), "checking existing caches")
     intact = [i for i, (hit, (problems, _)) in enumerate(zip(present, drifts)) if hit and not problems]
     damages: list[list[str]] = [[] for _ in items]
-    for part in comm.allgather([(i, damage_since(items[i], drifts[i][1])) for i in intact[comm.rank::comm.size]]):
+    mine = intact[comm.rank::comm.size]
+    checked = damages_since([items[i] for i in mine], [drifts[i][1] for i in mine])
+    for part in comm.allgather(list(zip(mine, checked))):
         for i, problems in part:
             damages[i] = problems
     return [(problems, damaged) for (problems, _), damaged in zip(drifts, damages)]
@@ -430,7 +450,7 @@ def _manifests(items: list, version: str) -> dict[str, dict]:
 
 def with_files(entries: dict[str, dict], items: list) -> dict[str, dict]:
     """``entries`` with each published item's files as they are now (size, modification time): a
-    later reuse check reads an array's header only where that changed (``damage_since``)."""
+    later reuse check reads an array's header only where that changed (``damages_since``)."""
     for item in items:
         e = item.entry
         entries[e.stem]["files"] = {what: size_and_time(e.path(what)) for what in e.names}
