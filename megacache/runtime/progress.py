@@ -21,13 +21,18 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
 from .comm import Comm, SingleComm
-from .fsio import STATE_DIR, make_directories, remove_quietly, write_atomic
+from .fsio import STATE_DIR, remove_quietly, write_atomic
 
 _WRITE_EVERY_S = 1.0
+#: a phase's rate is measured over this many intervals (at least ``_RATE_WINDOW_S``), and from no
+#: earlier than its first chunk's end: phases are declared before their work begins, and overlap
+_RATE_INTERVALS = 2
+_RATE_WINDOW_S = 10.0
 #: the unit whose amounts are shown as sizes (MB, MB/s)
 BYTES = "bytes"
 
@@ -66,6 +71,8 @@ class _Phase:
     extras: tuple[str, ...]  # further counters shown beside the main one (tokenize's docs, tokens)
     started: float           # on rank 0's clock
     finished: float | None = None
+    #: ``(time, done)`` at each line, oldest first, within the rate's window
+    seen: deque = field(default_factory=deque)
 
     def amounts(self, done: int) -> str:
         if self.unit == BYTES:
@@ -84,12 +91,16 @@ class Progress:
 
     def __init__(self, comm: Comm, directory: str | None, label: str, interval_s: float | None = None,
                  stream: TextIO | None = None, owned: bool = False):
-        self.comm, self.directory, self.label, self.owned = comm, directory, label, owned
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()
         self.interval_s = interval_s if interval_s is not None else default_interval(self.tty)
+        self.comm, self.label, self.owned = comm, label, owned
+        self.directory = directory if self.interval_s > 0 else None  # nothing shown, nothing to write
         self.phases: dict[str, _Phase] = {}
         self.counts: dict[str, list[int]] = {}
+        #: per phase, when this rank's first chunk was counted (wall clock, comparable across
+        #: machines) and its size
+        self.began: dict[str, list] = {}
         self.printed = False
         self._lock = threading.Lock()
         self._changed = False
@@ -101,18 +112,22 @@ class Progress:
     @classmethod
     def beside(cls, comm: Comm, directory: str, label: str, interval_s: float | None = None) -> "Progress":
         """The progress of a job that holds no lock (and so has no job directory): its files in a
-        directory of its own in ``directory``'s state directory, made by rank 0 and removed at the
-        end. None is needed with one rank; where none can be made (a read-only filesystem), rank 0
-        shows its own counts until the last line."""
-        shown = interval_s != 0
+        directory of its own in the state directory of ``directory`` (an existing one), made by
+        rank 0 and removed at the end. None is needed with one rank; where none can be made (a
+        read-only filesystem), rank 0 shows its own counts until the last line."""
         path = None
-        if comm.size > 1 and shown:
+        if comm.size > 1 and interval_s != 0:
             tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
-            path = os.path.join(directory, STATE_DIR, f"progress-{tag}")
+            state = os.path.join(directory, STATE_DIR)
+            path = os.path.join(state, f"progress-{tag}")
 
             def make() -> bool:
                 try:
-                    make_directories(path)
+                    try:
+                        os.mkdir(state)
+                    except FileExistsError:
+                        pass
+                    os.mkdir(path)
                     return True
                 except OSError:
                     return False
@@ -140,6 +155,8 @@ class Progress:
         """Count work this rank finished in phase ``name``: once per chunk, never per item."""
         with self._lock:
             counts = self.counts[name]
+            if done > 0 and name not in self.began:
+                self.began[name] = [time.time(), int(done)]
             counts[0] += int(done)
             for i, extra in enumerate(self.phases[name].extras, 1):
                 counts[i] += int(extras.get(extra, 0))
@@ -149,10 +166,11 @@ class Progress:
         """``add`` for phase ``name``, as a callback for work that reports its chunks."""
         return lambda done: self.add(name, done)
 
-    def _snapshot(self) -> dict[str, list[int]]:
+    def _snapshot(self) -> dict:
         with self._lock:
             self._changed = False
-            return {name: list(c) for name, c in self.counts.items()}
+            return {"counts": {name: list(c) for name, c in self.counts.items()},
+                    "began": {name: list(b) for name, b in self.began.items()}}
 
     def _write(self) -> None:
         """This rank's counters into its file, for rank 0 to read (no fsync: they describe a live
@@ -164,57 +182,81 @@ class Progress:
 
     # -- showing (rank 0)
 
-    def _totals(self) -> dict[str, list[int]]:
-        """Every rank's counters summed, as far as their files say."""
+    def _totals(self) -> dict:
+        """Every rank's counters summed, as far as their files say; each phase's first chunk, the
+        earliest of any rank's, with the sizes of all the first chunks."""
         totals = self._snapshot()
+        counts, began = totals["counts"], totals["began"]
         for r in range(1, self.comm.size if self.directory is not None else 1):
             try:
                 with open(self._path(r), "rb") as f:
-                    counts = json.loads(f.read())
+                    theirs = json.loads(f.read())
             except (OSError, ValueError):
                 continue
-            for name, c in counts.items():
-                if name in totals and len(c) == len(totals[name]):
-                    totals[name] = [a + b for a, b in zip(totals[name], c)]
+            for name, c in theirs["counts"].items():
+                if name in counts and len(c) == len(counts[name]):
+                    counts[name] = [a + b for a, b in zip(counts[name], c)]
+            for name, (when, size) in theirs["began"].items():
+                ours = began.get(name)
+                began[name] = [min(when, ours[0]), ours[1] + size] if ours else [when, size]
         return totals
 
     def _shown(self, totals: dict[str, list[int]], final: bool) -> list[str]:
-        """The phases to show: at the end every one with work; else those under way and the first
-        not done, or the last one when every phase is done."""
+        """The phases to show (of those ``totals`` counts: one declared since is left for the next
+        line): at the end every one with work; else those under way and the first not done, or the
+        last one when every phase is done."""
         now = time.monotonic()
-        for name, p in self.phases.items():
+        phases = {name: p for name, p in self.phases.items() if name in totals}
+        for name, p in phases.items():
             if p.finished is None and (final or totals[name][0] >= p.total):
                 p.finished = now
         if final:
-            return [name for name, p in self.phases.items() if p.total]
-        open_ = [name for name, p in self.phases.items() if p.finished is None]
+            return [name for name, p in phases.items() if p.total]
+        open_ = [name for name, p in phases.items() if p.finished is None]
         shown = [name for name in open_ if totals[name][0] > 0 or name == open_[0]]
-        return shown or list(self.phases)[-1:]
+        return shown or list(phases)[-1:]
 
-    def _part(self, name: str, counts: list[int]) -> tuple[str, float]:
+    def _rate(self, p: _Phase, done: int, began: list | None, final: bool) -> float:
+        """Per second: at the end over all of the phase; while it runs over the last few intervals,
+        and once its first chunk was counted (``began``: when, on the wall clock, and its size),
+        never before (how long that chunk took is not known)."""
+        now = time.monotonic()
+        if final:
+            return done / max(p.finished - p.started, 1e-9)
+        if began is None:
+            return 0.0
+        then, before = now - (time.time() - began[0]), began[1]
+        window = max(_RATE_INTERVALS * self.interval_s, _RATE_WINDOW_S)
+        while len(p.seen) > 1 and p.seen[1][0] <= now - window:
+            p.seen.popleft()
+        if p.seen and p.seen[0][0] > then:
+            then, before = p.seen[0]
+        p.seen.append((now, done))
+        return (done - before) / max(now - then, 1e-9)
+
+    def _part(self, name: str, counts: list[int], began: list | None, final: bool) -> tuple[str, float]:
         p = self.phases[name]
         done = counts[0]
         frac = min(done / p.total, 1.0) if p.total else 1.0
-        seconds = max((p.finished or time.monotonic()) - p.started, 1e-9)
-        rate = done / seconds
+        rate = self._rate(p, done, began, final)
         left = max(p.total - done, 0)
         eta = _fmt_seconds(left / rate) if rate > 0 else "0s" if not left else "?"
         extras = "".join(f", {_fmt_count(v)} {e}" for e, v in zip(p.extras, counts[1:]))
         return (f"{name} {100 * frac:.1f}%: {p.amounts(done)}{extras}, {p.rate(rate)}, ETA {eta}", frac)
 
-    def line(self, final: bool = False, totals: dict[str, list[int]] | None = None) -> tuple[str, float] | None:
+    def _line(self, final: bool, totals: dict) -> tuple[str, float] | None:
         """The line to show and the fraction of its first phase done; None before any phase."""
-        totals = totals or self._totals()
+        counts, began = totals["counts"], totals["began"]
         with self._lock:
-            shown = self._shown(totals, final)
+            shown = self._shown(counts, final)
             if not shown:
                 return None
-            parts = [self._part(name, totals[name]) for name in shown]
+            parts = [self._part(name, counts[name], began.get(name), final) for name in shown]
         text = f"{self.label}: {'; '.join(t for t, _ in parts)} | {_fmt_seconds(time.monotonic() - self._start)} elapsed"
         return text, parts[0][1]
 
-    def _show(self, final: bool = False, totals: dict[str, list[int]] | None = None) -> None:
-        shown = self.line(final, totals)
+    def _show(self, final: bool, totals: dict) -> None:
+        shown = self._line(final, totals)
         if shown is None:
             return
         text, frac = shown
@@ -234,8 +276,11 @@ class Progress:
 
     def _run(self) -> None:
         if self.comm.rank == 0:
-            while not self._stop.wait(self.interval_s):
-                self._show()
+            try:
+                while not self._stop.wait(self.interval_s):
+                    self._show(False, self._totals())
+            except OSError:  # stderr's reader is gone: nothing more to show
+                pass
         else:
             while not self._stop.wait(_WRITE_EVERY_S):
                 if self._changed:
@@ -255,11 +300,11 @@ class Progress:
         # Every rank gets here together only when the work succeeded: a failure agreed by the ranks
         # raises on all of them, and any other ends the job.
         if exc_type is None and self.interval_s > 0:
-            gathered = self.comm.allgather(self._snapshot())
-            totals = {name: [sum(v) for v in zip(*(part[name] for part in gathered if name in part))]
+            gathered = [part["counts"] for part in self.comm.allgather(self._snapshot())]
+            counts = {name: [sum(v) for v in zip(*(part[name] for part in gathered if name in part))]
                       for name in gathered[0]}
             if self.comm.rank == 0 and self.printed:
-                self._show(final=True, totals=totals)
+                self._show(True, {"counts": counts, "began": {}})
         if self.directory is not None:
             if self.owned and self.comm.rank == 0:
                 shutil.rmtree(self.directory, ignore_errors=True)
