@@ -21,6 +21,7 @@ from ..runtime.comm import Comm
 from ..errors import MegacacheError
 from ..formats.npy import NpyWriter
 from ..runtime.fsio import Staging, make_directories, sync_filesystems
+from ..runtime.progress import Progress
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
 from .config import BuildConfig
 from .gpt import GPTTask, array_records
@@ -123,8 +124,8 @@ def confirm_chunks(comm: Comm, weights: np.ndarray, start: int, mine: tuple, row
 class Blending:
     """The blends to compute: each either chunked over all ranks or whole on one owner."""
 
-    def __init__(self, todo: list[BlendTask], cfg: BuildConfig, comm: Comm, tag: str):
-        self.todo, self.cfg, self.comm = todo, cfg, comm
+    def __init__(self, todo: list[BlendTask], cfg: BuildConfig, comm: Comm, tag: str, progress: Progress):
+        self.todo, self.cfg, self.comm, self.progress = todo, cfg, comm, progress
         # the blend files wait under temporary names (every rank writes rows into them), rank 0's
         # staging publishes them
         self.staging = Staging(tag)
@@ -148,6 +149,8 @@ class Blending:
 
         if self.todo:
             self.comm.on_root(preallocate, "preallocating the blend files")
+            # each sample blended once: whole blends by their owners, the others in one chunk per rank
+            self.progress.phase("blend", sum(b.size for b in self.todo), "samples")
         self._counts: dict[int, np.ndarray] = {}
         self._speculated: dict[int, tuple] = {}
         self._error: BaseException | None = None
@@ -192,6 +195,7 @@ class Blending:
         idx[:], sidx[:] = build_exhaustive_blending_indices(b.lengths)
         idx.flush()
         sidx.flush()
+        self.progress.add("blend", b.size)
         return b.lengths.copy()
 
     def _blend_rows(self, b: BlendTask, s0: int, s1: int, counts: np.ndarray | None) -> np.ndarray:
@@ -208,6 +212,7 @@ class Blending:
                 counts = blend_chunk(b.weights, a, counts, idx, sidx)
                 for writer, rows in zip(writers, (idx, sidx)):
                     writer.write_rows(a, rows)
+                self.progress.add("blend", n)
         finally:
             for writer in writers:
                 writer.close()
@@ -250,6 +255,7 @@ class Blending:
     def publish(self) -> None:
         """Rank 0: the blends into place."""
         publish_entries((b.entry for b in self.todo), self.staging)
+        self.progress.add("publish", len(self.todo))
 
     def discard(self) -> None:
         """After a failure elsewhere: let the thread end (no work left running), remove the files."""
