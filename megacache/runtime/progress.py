@@ -98,9 +98,9 @@ class Progress:
         self.directory = directory if self.interval_s > 0 else None  # nothing shown, nothing to write
         self.phases: dict[str, _Phase] = {}
         self.counts: dict[str, list[int]] = {}
-        #: per phase, when this rank's first chunk was counted (wall clock, comparable across
-        #: machines) and its size
-        self.began: dict[str, list] = {}
+        #: per phase, when this rank counted its first chunk (wall clock: machines share it), that
+        #: chunk's size, and when it counted its last
+        self.spans: dict[str, list] = {}
         self.printed = False
         self._lock = threading.Lock()
         self._changed = False
@@ -155,8 +155,9 @@ class Progress:
         """Count work this rank finished in phase ``name``: once per chunk, never per item."""
         with self._lock:
             counts = self.counts[name]
-            if done > 0 and name not in self.began:
-                self.began[name] = [time.time(), int(done)]
+            if done > 0:
+                now = time.time()
+                self.spans.setdefault(name, [now, int(done), now])[2] = now
             counts[0] += int(done)
             for i, extra in enumerate(self.phases[name].extras, 1):
                 counts[i] += int(extras.get(extra, 0))
@@ -170,7 +171,7 @@ class Progress:
         with self._lock:
             self._changed = False
             return {"counts": {name: list(c) for name, c in self.counts.items()},
-                    "began": {name: list(b) for name, b in self.began.items()}}
+                    "spans": {name: list(b) for name, b in self.spans.items()}}
 
     def _write(self) -> None:
         """This rank's counters into its file, for rank 0 to read (no fsync: they describe a live
@@ -183,23 +184,15 @@ class Progress:
     # -- showing (rank 0)
 
     def _totals(self) -> dict:
-        """Every rank's counters summed, as far as their files say; each phase's first chunk, the
-        earliest of any rank's, with the sizes of all the first chunks."""
-        totals = self._snapshot()
-        counts, began = totals["counts"], totals["began"]
+        """Every rank's counters and spans (``_combined``), as far as their files say."""
+        parts = [self._snapshot()]
         for r in range(1, self.comm.size if self.directory is not None else 1):
             try:
                 with open(self._path(r), "rb") as f:
-                    theirs = json.loads(f.read())
+                    parts.append(json.loads(f.read()))
             except (OSError, ValueError):
                 continue
-            for name, c in theirs["counts"].items():
-                if name in counts and len(c) == len(counts[name]):
-                    counts[name] = [a + b for a, b in zip(counts[name], c)]
-            for name, (when, size) in theirs["began"].items():
-                ours = began.get(name)
-                began[name] = [min(when, ours[0]), ours[1] + size] if ours else [when, size]
-        return totals
+        return _combined(parts)
 
     def _shown(self, totals: dict[str, list[int]], final: bool) -> list[str]:
         """The phases to show (of those ``totals`` counts: one declared since is left for the next
@@ -216,16 +209,18 @@ class Progress:
         shown = [name for name in open_ if totals[name][0] > 0 or name == open_[0]]
         return shown or list(phases)[-1:]
 
-    def _rate(self, p: _Phase, done: int, began: list | None, final: bool) -> float:
-        """Per second: at the end over all of the phase; while it runs over the last few intervals,
-        and once its first chunk was counted (``began``: when, on the wall clock, and its size),
-        never before (how long that chunk took is not known)."""
+    def _rate(self, p: _Phase, done: int, span: list | None, final: bool) -> float:
+        """Per second, from the end of the first chunk counted (``span``: how long that one took is
+        not known) on: at the end to the last one; while the phase runs over the last few intervals."""
         now = time.monotonic()
-        if final:
-            return done / max(p.finished - p.started, 1e-9)
-        if began is None:
+        if span is None:
             return 0.0
-        then, before = now - (time.time() - began[0]), began[1]
+        first, size, last = span
+        if final:
+            if done > size and last > first:
+                return (done - size) / (last - first)
+            return done / max(p.finished - p.started, 1e-9)  # one chunk per rank: from the declaration
+        then, before = now - (time.time() - first), size
         window = max(_RATE_INTERVALS * self.interval_s, _RATE_WINDOW_S)
         while len(p.seen) > 1 and p.seen[1][0] <= now - window:
             p.seen.popleft()
@@ -234,11 +229,11 @@ class Progress:
         p.seen.append((now, done))
         return (done - before) / max(now - then, 1e-9)
 
-    def _part(self, name: str, counts: list[int], began: list | None, final: bool) -> tuple[str, float]:
+    def _part(self, name: str, counts: list[int], span: list | None, final: bool) -> tuple[str, float]:
         p = self.phases[name]
         done = counts[0]
         frac = min(done / p.total, 1.0) if p.total else 1.0
-        rate = self._rate(p, done, began, final)
+        rate = self._rate(p, done, span, final)
         left = max(p.total - done, 0)
         eta = _fmt_seconds(left / rate) if rate > 0 else "0s" if not left else "?"
         extras = "".join(f", {_fmt_count(v)} {e}" for e, v in zip(p.extras, counts[1:]))
@@ -246,14 +241,14 @@ class Progress:
 
     def _line(self, final: bool, totals: dict) -> tuple[str, float] | None:
         """The line to show and the fraction of its first phase done; None before any phase."""
-        counts, began = totals["counts"], totals["began"]
+        counts, spans = totals["counts"], totals["spans"]
         with self._lock:
             shown = self._shown(counts, final)
             if not shown:
                 return None
-            parts = [self._part(name, counts[name], began.get(name), final) for name in shown]
-        text = f"{self.label}: {'; '.join(t for t, _ in parts)} | {_fmt_seconds(time.monotonic() - self._start)} elapsed"
-        return text, parts[0][1]
+            parts = [self._part(name, counts[name], spans.get(name), final) for name in shown]
+        elapsed = _fmt_seconds(time.monotonic() - self._start)
+        return f"{self.label}: {'; '.join(t for t, _ in parts)} | {elapsed} elapsed", parts[0][1]
 
     def _show(self, final: bool, totals: dict) -> None:
         shown = self._line(final, totals)
@@ -300,11 +295,9 @@ class Progress:
         # Every rank gets here together only when the work succeeded: a failure agreed by the ranks
         # raises on all of them, and any other ends the job.
         if exc_type is None and self.interval_s > 0:
-            gathered = [part["counts"] for part in self.comm.allgather(self._snapshot())]
-            counts = {name: [sum(v) for v in zip(*(part[name] for part in gathered if name in part))]
-                      for name in gathered[0]}
+            totals = _combined(self.comm.allgather(self._snapshot()))
             if self.comm.rank == 0 and self.printed:
-                self._show(True, {"counts": counts, "began": {}})
+                self._show(True, totals)
         if self.directory is not None:
             if self.owned and self.comm.rank == 0:
                 shutil.rmtree(self.directory, ignore_errors=True)
@@ -314,6 +307,21 @@ class Progress:
                     pass
             else:
                 remove_quietly(self._path(self.comm.rank))
+
+
+def _combined(parts: list[dict]) -> dict:
+    """Ranks' snapshots as one, keyed by the first's phases: counters summed; per phase the first
+    chunk counted by any rank, the sizes of every rank's first chunk, the last chunk counted."""
+    counts = {name: list(c) for name, c in parts[0]["counts"].items()}
+    spans = {name: list(s) for name, s in parts[0]["spans"].items()}
+    for part in parts[1:]:
+        for name, c in part["counts"].items():
+            if name in counts and len(c) == len(counts[name]):
+                counts[name] = [a + b for a, b in zip(counts[name], c)]
+        for name, (first, size, last) in part["spans"].items():
+            ours = spans.get(name)
+            spans[name] = [min(first, ours[0]), ours[1] + size, max(last, ours[2])] if ours else [first, size, last]
+    return {"counts": counts, "spans": spans}
 
 
 def quiet() -> Progress:
