@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -19,9 +20,9 @@ from support.faults import leftovers
 from support.oracle import write_lengths
 from support.sweeps import TOKENIZER_FLAGS, build_args
 
-#: one progress line: "build: document index 45.0%: 270M/600M documents, 54.1M documents/s, ETA 6s; ... | 5s elapsed"
+#: one progress line: the command, each phase shown (separated by "; "), the time elapsed
 LINE = re.compile(r"(build|merge|convert|verify): (.*) \| \d+(?:h\d\dm|m\d\ds|s) elapsed")
-#: one phase of it, its amounts counted ("12.00M/600M samples") or in bytes ("1.2 GB/2.4 GB")
+#: one phase of it: its name, percentage, done/total (counts and their unit, or sizes), rate and ETA
 PART = re.compile(r"(?P<phase>[a-z ]+) (?P<percent>\d+\.\d)%: "
                   r"(?P<done>[\d.]+ ?[kMGT]?B?)/(?P<total>[\d.]+ ?[kMGT]?B?)(?: (?P<unit>[a-z]+))?, "
                   r"(?P<rate>[\d.]+ ?[kMGT]?B?(?: [a-z]+)?/s), ETA (?P<eta>\d+(?:h\d\dm|m\d\ds|s)|\?)")
@@ -135,9 +136,9 @@ def test_a_short_build_prints_no_progress_line_at_the_default_interval(tmp_path)
 @pytest.mark.slow
 def test_a_build_longer_than_the_default_interval_prints_progress(tmp_path):
     # A weighted blend of four datasets: 1.3e9 document-index positions of long samples in all,
-    # shuffled, summed and walked in some 35 s by one process of a 2-core machine. Their 5 GB of
-    # index files are made one dataset after another: one file that large shuffled in place in
-    # memory beyond what the kernel keeps dirty would go at the disk's pace, not the CPU's.
+    # shuffled, summed and walked by one process of a 2-core machine for longer than the default
+    # interval. Their 5 GB of index files are made one dataset after another: one file that large,
+    # shuffled in place beyond what the kernel lets stay dirty, would go at the disk's pace.
     data = []
     for i in range(4):
         write_lengths(str(tmp_path / f"d{i}"), np.random.default_rng(10 + i).integers(1, 120, 1_500_000))
@@ -145,11 +146,14 @@ def test_a_build_longer_than_the_default_interval_prints_progress(tmp_path):
     args = ["build", "--data-path", *data, "--split", "1,0,0", "--seq-length", "4096", "--train-samples", "18700000",
             "--global-batch-size", "8", "--eval-iters", "0", "--eval-interval", "1000", "--data-cache-path",
             str(tmp_path / "cache"), *TOKENIZER_FLAGS]
-    job = subprocess.run([sys.executable, "-m", "megacache", *args], capture_output=True, text=True,
-                         env=dict(os.environ, MEGACACHE_KERNEL_DIR="jit"), timeout=600)
+    try:
+        job = subprocess.run([sys.executable, "-m", "megacache", *args], capture_output=True, text=True,
+                             env=dict(os.environ, MEGACACHE_KERNEL_DIR="jit"), timeout=600)
+    finally:
+        shutil.rmtree(tmp_path / "cache", ignore_errors=True)  # not kept for the session (on tmpfs: memory)
     assert job.returncode == 0, job.stderr
     seconds = float(re.search(r"in (\d+\.\d) s on 1 rank", job.stdout).group(1))
     assert seconds > 30, f"the build took {seconds} s: too short to test the default interval"
     lines = progress(job.stderr, "build")
-    assert len(lines) >= 2, job.stderr  # one at 30 s, and the last
+    assert len(lines) >= 2, job.stderr  # one at the default interval (30 s), and the last
     finished(lines, ["blend", "document index", "sample index", "shuffle index", "publish"])

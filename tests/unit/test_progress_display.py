@@ -33,7 +33,7 @@ def test_lines_name_the_phases_under_way_and_the_last_has_them_done():
         progress.add("shuffle index", 500)
         time.sleep(0.2)
         progress.add("document index", 500_000)
-        time.sleep(1.3)  # the line at 1 s
+        time.sleep(1.3)  # past the first line
         progress.add("document index", 2_000_000)
         progress.add("shuffle index", 1_500)
         progress.add("publish", 3)
@@ -64,7 +64,7 @@ def test_bytes_and_further_counters():
 def test_a_terminal_gets_a_bar_redrawn_in_place():
     main, tty = pty.openpty()
     with os.fdopen(tty, "w") as stream:
-        with Progress(SingleComm(), None, "merge", stream=stream) as progress:  # 0.5 s on a terminal
+        with Progress(SingleComm(), None, "merge", stream=stream) as progress:  # a terminal's default interval
             progress.phase("writing", 400, "tokens")
             progress.add("writing", 50)
             progress.add("writing", 50)
