@@ -26,7 +26,7 @@ then the shuffle index (first range, then the second), all from ``MT19937.from_s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -246,12 +246,14 @@ def build_document_index(
     separate_final_epoch: bool,
     state: MT19937,
     out: np.ndarray | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """The split's sequence ids ``[lo, hi)`` tiled ``num_epochs`` times (epoch-major) as int32,
     shuffled with ``state``.
 
     Separated: the first E-1 epochs are shuffled together, then the last epoch on its own. ``out``
-    (int32, length E·D, e.g. a memory map) is filled in place instead of allocating.
+    (int32, length E·D, e.g. a memory map) is filled in place instead of allocating. ``progress``
+    is told the positions shuffled, a block at a time.
     """
     lo, hi = (int(v) for v in split_range)
     if not 0 <= lo <= hi <= INT32_MAX + 1:
@@ -264,10 +266,10 @@ def build_document_index(
     _tile_range(out.view(np.ndarray), lo, hi)
     if separate_final_epoch and num_epochs > 1:
         first = length - (hi - lo)
-        shuffle(out[:first], state)
-        shuffle(out[first:], state)
+        shuffle(out[:first], state, progress=progress)
+        shuffle(out[first:], state, progress=progress)
     else:
-        shuffle(out, state)
+        shuffle(out, state, progress=progress)
     return out
 
 
@@ -542,10 +544,12 @@ def build_shuffle_index(
     dtype: np.dtype,
     state: MT19937,
     out: np.ndarray | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> np.ndarray:
     """``arange(first_range)`` shuffled, then ``arange(first_range, num_samples)`` shuffled.
 
-    ``first_range`` is the plan's ``shuffle_first_range`` (sans if separated, else n).
+    ``first_range`` is the plan's ``shuffle_first_range`` (sans if separated, else n). ``progress``
+    is told the elements shuffled, a block at a time.
     """
     length = max(first_range, num_samples)
     if out is None:
@@ -553,8 +557,8 @@ def build_shuffle_index(
     elif out.shape != (length,) or out.dtype != dtype:
         raise ValueError(f"out must be {np.dtype(dtype)}[{length}], got {out.dtype}{list(out.shape)}")
     _tile_range(out.view(np.ndarray), 0, length)
-    shuffle(out[:first_range], state)
-    shuffle(out[first_range:], state)
+    shuffle(out[:first_range], state, progress=progress)
+    shuffle(out[first_range:], state, progress=progress)
     return out
 
 

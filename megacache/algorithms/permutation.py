@@ -23,6 +23,7 @@ element ``_AHEAD`` swaps ahead, so many cache misses are in flight at once.
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
 
 import numpy as np
 
@@ -123,28 +124,37 @@ class MT19937:
         return f"MT19937(pos={int(self.words[_N])}, key[:2]={self.words[:2].tolist()})"
 
 
-def shuffle(arr: np.ndarray, state: MT19937, block: int = _PIPELINE_BLOCK) -> None:
+def shuffle(arr: np.ndarray, state: MT19937, block: int = _PIPELINE_BLOCK,
+            progress: Callable[[int], None] | None = None) -> None:
     """Shuffle the 1-D ``arr`` in place exactly as ``RandomState.shuffle`` would, advancing ``state``
     exactly as far. Any element dtype; views and memory maps work (only ``arr`` is touched).
-    Arrays of more than ``block`` elements draw their j's on a second thread, a block ahead."""
+    Arrays of more than ``block`` elements draw their j's on a second thread, a block ahead.
+    ``progress`` is told the elements shuffled, a block at a time (``len(arr)`` in all)."""
     if not isinstance(arr, np.ndarray) or arr.ndim != 1:
         raise ValueError(f"shuffle needs a 1-D numpy array, got {type(arr).__name__} of ndim {np.ndim(arr)}")
     if not arr.flags.writeable:
         raise ValueError("shuffle needs a writeable array")
     # np.memmap is an ndarray subclass; numba wants the plain ndarray view of the same memory.
     a = arr.view(np.ndarray)
+    told = _shuffle(a, state.words, block, progress)
+    if progress is not None and told < a.shape[0]:
+        progress(a.shape[0] - told)
+
+
+def _shuffle(a: np.ndarray, words: np.ndarray, block: int, progress: Callable[[int], None] | None) -> int:
+    """``shuffle``'s work; returns the elements it told ``progress`` of on the way."""
     if a.shape[0] < 2:
-        return
-    words = state.words
+        return 0
     if a.shape[0] <= block and a.shape[0] * abs(a.strides[0]) <= _FUSED_BYTES:
         _shuffle_small(a, words)
-        return
+        return 0
     hi = int(_shuffle_above_u32(a, words))
     tempered = np.empty(_N, dtype=np.int64)
     _temper_all(words, tempered)
     if hi <= block:
         _shuffle_blocks(a, words, tempered, hi)
-        return
+        return 0
+    told = 0
     # Double-buffered: block k+1's j's are drawn (the RNG alone) while this thread swaps block k.
     buffers = (np.empty(block, dtype=np.int64), np.empty(block, dtype=np.int64))
     with ThreadPoolExecutor(1, thread_name_prefix="shuffle-draws") as drawer:
@@ -157,9 +167,13 @@ def shuffle(arr: np.ndarray, state: MT19937, block: int = _PIPELINE_BLOCK) -> No
             drawing = (drawer.submit(_draw_block, words, tempered, after, following, buffers[1 - k])
                        if following else None)
             _swap_block(a, buffers[k], hi, m)
+            if progress is not None:
+                progress(m)
+                told += m
             if drawing is not None:
                 drawing.result()
             hi, m, k = after, following, 1 - k
+    return told
 
 
 def random_interval(state: MT19937, max_value: int) -> int:

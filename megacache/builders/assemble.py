@@ -65,6 +65,10 @@ class Part:
         return np.diff(ends[starts])
 
 
+def _untold(tokens: int) -> None:
+    """Where no one follows an assembly's progress."""
+
+
 def _write_tokens(part: Part, tokens: int, dtype: np.dtype, fd: int, offset: int, where: str) -> None:
     """Put a part's ``tokens`` tokens at byte ``offset`` of ``fd``, in ``dtype``."""
     if not tokens:
@@ -110,10 +114,11 @@ def _document_lengths(part: Part, count: PartCounts, p: int) -> np.ndarray:
     return lengths
 
 
-def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
-             mine: list[int], load: Callable[[int], Part], tag: str) -> IndexLayout:
+def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts], mine: list[int],
+             load: Callable[[int], Part], tag: str, written: Callable[[int], None] = _untold) -> IndexLayout:
     """Write ``prefix.bin/.idx`` from ``counts`` (every part, in output order; the same list on
-    every rank) where this rank writes the parts listed in ``mine`` (loaded with ``load``)."""
+    every rank) where this rank writes the parts listed in ``mine`` (loaded with ``load``), telling
+    ``written`` the tokens of each once they are (progress)."""
     dtype = np.dtype(dtype)
     starts, (documents, sequences, tokens) = _offsets(counts)
     layout = IndexLayout(dtype, sequences, documents + 1)
@@ -132,6 +137,7 @@ def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
                 writer.write_sequences(seq0, part.sequence_lengths, tok0 * dtype.itemsize)
                 writer.write_documents(doc0 + 1, part.document_ends + seq0)
                 _write_tokens(part, counts[p].tokens, dtype, writer.bin_fd, tok0 * dtype.itemsize, prefix)
+                written(counts[p].tokens)
             # Each rank makes its own writes durable (on network filesystems only the writer can).
             os.fsync(writer.idx_fd)
             os.fsync(writer.bin_fd)
@@ -149,7 +155,7 @@ def assemble(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
 
 
 def assemble_pbin(comm: Comm, path: str, token_size: int, counts: list[PartCounts], mine: list[int],
-                  load: Callable[[int], Part], tag: str) -> int:
+                  load: Callable[[int], Part], tag: str, written: Callable[[int], None] = _untold) -> int:
     """Write the ``.pbin`` ``path`` from ``counts`` and this rank's parts ``mine`` (as ``assemble``);
     every rank's parts must be a contiguous run, in rank order. Returns the documents written."""
     dtype = TOKEN_DTYPES[token_size]
@@ -199,6 +205,7 @@ def assemble_pbin(comm: Comm, path: str, token_size: int, counts: list[PartCount
                                    pickled_pairs.assemble_frames(payload, start, frames, payload_total, before))
                 _write_tokens(part, counts[p].tokens, dtype, writer.fd,
                               writer.data_offset(int(starts[p][2]) * token_size), path)
+                written(counts[p].tokens)
             os.fsync(writer.fd)
 
     def publish() -> None:
@@ -210,7 +217,7 @@ def assemble_pbin(comm: Comm, path: str, token_size: int, counts: list[PartCount
 
 
 def assemble_ds(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts], mine: list[int],
-                load: Callable[[int], Part], tag: str) -> int:
+                load: Callable[[int], Part], tag: str, written: Callable[[int], None] = _untold) -> int:
     """Write datatrove's ``path`` (``.ds``, ``.ds.index``, ``.ds.metadata``) from ``counts`` and this
     rank's parts ``mine`` (as ``assemble``); each document one run of tokens. Returns the documents."""
     starts, (documents, _, tokens) = _offsets(counts)
@@ -229,6 +236,7 @@ def assemble_ds(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts]
                 lengths = _document_lengths(part, counts[p], p)
                 writer.write_ends(doc0, tok0 + np.cumsum(lengths))
                 _write_tokens(part, counts[p].tokens, dtype, writer.data_fd, tok0 * dtype.itemsize, path)
+                written(counts[p].tokens)
             writer.sync()
 
     def publish() -> None:
@@ -246,7 +254,7 @@ def assemble_ds(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts]
 
 
 def assemble_olmo(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCounts], mine: list[int],
-                  load: Callable[[int], Part], tag: str) -> int:
+                  load: Callable[[int], Part], tag: str, written: Callable[[int], None] = _untold) -> int:
     """Write the OLMo token file ``path`` from ``counts`` and this rank's parts ``mine`` (as
     ``assemble``): the parts' tokens back to back, nothing else (each document must already end with
     the EOS: the caller checks). Returns the documents."""
@@ -260,6 +268,7 @@ def assemble_olmo(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCount
                 if int(part.sequence_lengths.sum(dtype=np.int64)) != counts[p].tokens:
                     raise RuntimeError(f"part {p} does not match its recorded counts {counts[p]}")
                 _write_tokens(part, counts[p].tokens, dtype, writer.fd, int(starts[p][2]) * dtype.itemsize, path)
+                written(counts[p].tokens)
             writer.sync()
 
     def publish() -> None:

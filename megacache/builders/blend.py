@@ -11,6 +11,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from ..runtime.comm import Comm
 from ..errors import MegacacheError
 from ..formats.npy import NpyWriter
 from ..runtime.fsio import Staging, make_directories, sync_filesystems
+from ..runtime.progress import Progress
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
 from .config import BuildConfig
 from .gpt import GPTTask, array_records
@@ -126,8 +128,10 @@ class BlendFiles:
     a memory map of the output would keep every written page resident. Whole by one rank
     (``rows``), or one chunk per rank: ``speculate`` from a guessed start, then ``confirm``."""
 
-    def __init__(self, weights: np.ndarray, size: int, paths: dict[str, str], block: int, warmup: int):
+    def __init__(self, weights: np.ndarray, size: int, paths: dict[str, str], block: int, warmup: int,
+                 counted: Callable[[int], None] | None = None):
         self.weights, self.size, self.paths, self.block, self.warmup = weights, size, paths, block, warmup
+        self.counted = counted  # told the samples blended, a block at a time
 
     def rows(self, s0: int, s1: int, counts: np.ndarray | None) -> np.ndarray:
         """Samples ``[s0, s1)`` from the counts at ``s0`` (None: the start) into the files;
@@ -141,6 +145,8 @@ class BlendFiles:
                 counts = blend_chunk(self.weights, a, counts, idx, sidx)
                 for writer, rows in zip(writers, (idx, sidx)):
                     writer.write_rows(a, rows)
+                if self.counted is not None:
+                    self.counted(n)
         finally:
             for writer in writers:
                 writer.close()
@@ -170,14 +176,15 @@ class BlendFiles:
 class Blending:
     """The blends to compute: each either chunked over all ranks or whole on one owner."""
 
-    def __init__(self, todo: list[BlendTask], cfg: BuildConfig, comm: Comm, tag: str):
-        self.todo, self.cfg, self.comm = todo, cfg, comm
+    def __init__(self, todo: list[BlendTask], cfg: BuildConfig, comm: Comm, tag: str, progress: Progress):
+        self.todo, self.cfg, self.comm, self.progress = todo, cfg, comm, progress
         # the blend files wait under temporary names (every rank writes rows into them), rank 0's
         # staging publishes them
         self.staging = Staging(tag)
         self.tmp = {(b.index, what): self.staging.name(b.entry.path(what)) for b in todo for what in BLEND_ARRAYS}
         self.files = {b.index: BlendFiles(b.weights, b.size, {what: self.tmp[b.index, what] for what in BLEND_ARRAYS},
-                                          cfg.blend_block, cfg.blend_warmup) for b in todo if b.weights is not None}
+                                          cfg.blend_block, cfg.blend_warmup, progress.counter("blend"))
+                      for b in todo if b.weights is not None}
         self.chunked = [b for b in todo if b.weights is not None and comm.size > 1
                         and b.size // comm.size >= cfg.blend_min_chunk]
         chunked = {b.index for b in self.chunked}
@@ -197,6 +204,8 @@ class Blending:
 
         if self.todo:
             self.comm.on_root(preallocate, "preallocating the blend files")
+            # each sample blended once: whole blends by their owners, the others in one chunk per rank
+            self.progress.phase("blend", sum(b.size for b in self.todo), "samples")
         self._counts: dict[int, np.ndarray] = {}
         self._speculated: dict[int, tuple] = {}
         self._error: BaseException | None = None
@@ -239,6 +248,7 @@ class Blending:
         idx[:], sidx[:] = build_exhaustive_blending_indices(b.lengths)
         idx.flush()
         sidx.flush()
+        self.progress.add("blend", b.size)
         return b.lengths.copy()
 
     def check_oversampling(self) -> None:
@@ -257,6 +267,7 @@ class Blending:
     def publish(self) -> None:
         """Rank 0: the blends into place."""
         publish_entries((b.entry for b in self.todo), self.staging)
+        self.progress.add("publish", len(self.todo))
 
     def discard(self) -> None:
         """After a failure elsewhere: let the thread end (no work left running), remove the files."""

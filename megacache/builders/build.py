@@ -37,6 +37,7 @@ from ..errors import CacheDamaged, FormatError, MegacacheError
 from ..formats.npy import NpyLayout, npy_header, read_npy_layout
 from ..runtime.fsio import make_directories, write_atomic
 from ..runtime.log import LOG
+from ..runtime.progress import Progress
 from ..megatron.blends import Blend
 from ..megatron.cache import SPLIT_NAMES, existing, nearest_built, present_files
 from ..megatron.sequences import default_path, sequences_json
@@ -477,7 +478,8 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     with guarded(comm, directories, CACHE_LOCK, ALL, f"megacache build of {entries} entries") as guard:
         _decide_reuse(planned, cfg, comm, say=True)  # what a job we waited for built is reused now
         timer.mark("lock")
-        _build_locked(planned, cfg, comm, guard, timer)
+        with Progress(comm, guard.directory, "build", cfg.progress_interval_s) as progress:
+            _build_locked(planned, cfg, comm, guard, timer, progress)
         sequences = _write_sequences(planned, cfg, comm)  # still watched: a rank that hangs now is seen
     return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, planned.megatron_version,
                        timer.phases, sequences)
@@ -515,10 +517,10 @@ def _sequences_path(cfg: BuildConfig) -> str | None:
     return default_path(cfg.cache_dir) if cfg.sequences_path is None else cfg.sequences_path or None
 
 
-def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: PhaseTimer) -> None:
+def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: PhaseTimer, progress: Progress) -> None:
     tasks, blends, datasets = planned.gpt, planned.blends, planned.datasets
-    blending = Blending([b for b in blends if not b.reused], cfg, comm, guard.job)
-    gpt = GPTBuild(tasks, datasets, cfg.settings, comm, guard.job)
+    blending = Blending([b for b in blends if not b.reused], cfg, comm, guard.job, progress)
+    gpt = GPTBuild(tasks, datasets, cfg.settings, comm, guard.job, progress)
     try:
         def make_cache_directories() -> None:
             for d in sorted({j.entry.directory for j in gpt.todo}):
@@ -539,6 +541,7 @@ def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: Pha
             timer.mark("blend_wait")
         timer.since = time.monotonic()
         guard.enter("publish")
+        progress.phase("publish", len(gpt.todo) + len(blending.todo), "entries")
         # Rank 0 makes the manifests' records (thousands) while the entries are linked, which wait
         # on the directory's lock more than they use a core; they are written last, with the
         # published files' sizes and times.

@@ -64,6 +64,9 @@ class BuildConfig:
     #: where to write Megatron's --per-dataset-sequences-path JSON (default: in ``cache_dir``, as
     #: ``megatron.sequences.FILE_NAME``; "" writes none)
     sequences_path: str | None = None
+    #: seconds between progress lines on stderr (``runtime.progress``; None: 0.5 on a terminal, 30
+    #: otherwise; 0: none)
+    progress_interval_s: float | None = None
 
     @classmethod
     def from_megatron_flags(cls, flags: Mapping, megatron_version: str | None = None,

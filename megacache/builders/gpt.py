@@ -52,6 +52,7 @@ from .publish import publish_entries, write_description
 from ..formats.indexed import IndexedDataset
 from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_pieces, write_npy
 from ..runtime.fsio import Staging, sync_filesystems
+from ..runtime.progress import Progress
 from .scheduling import even_pieces, largest_first
 
 UINT32_MAX = 2**32 - 1
@@ -62,6 +63,9 @@ IN_MEMORY_BYTES = 16 << 20
 SHARED_FRACTION = 0.25
 #: sequence lengths read per block when summing them
 READ_BLOCK = 1 << 24
+#: document-index positions a rank walks per call when it sums tokens and writes sample-index rows
+#: of a shared task: progress is seen as each call ends, and per-call costs stay negligible
+WALK_STEP = 1 << 24
 #: threads that open datasets and read their split bounds when those reads wait on the filesystem
 IO_THREADS = 16
 #: the first this many opens run on the calling thread, to tell a slow filesystem from a fast one...
@@ -349,9 +353,9 @@ class GPTBuild:
     """The tasks still to build, their temporary files, and who owns which."""
 
     def __init__(self, tasks: list[GPTTask], datasets: Datasets, settings: GPTSettings,
-                 comm: Comm, tag: str):
+                 comm: Comm, tag: str, progress: Progress):
         self.todo = [j for j in tasks if not j.reused]
-        self.datasets, self.settings, self.comm = datasets, settings, comm
+        self.datasets, self.settings, self.comm, self.progress = datasets, settings, comm, progress
         self.owners = largest_first([j.cost for j in self.todo], comm.size)
         self.mine = [j for j, o in zip(self.todo, self.owners) if o == comm.rank]
         total = sum(j.plan.document_index_length for j in self.todo)
@@ -365,7 +369,12 @@ class GPTBuild:
         self.seeded = MT19937.from_seed(settings.seed)
 
     def build(self, phases: dict[str, float], enter=lambda phase: None) -> None:
-        """``enter(phase)`` is told each phase as it starts (the job's rank monitor)."""
+        """``enter(phase)`` is told each phase as it starts (the job's rank monitor). Small tasks'
+        sample and shuffle indices are made beside the document indices, so the three progress
+        phases start together."""
+        self.progress.phase("document index", sum(j.plan.document_index_length for j in self.todo), "documents")
+        self.progress.phase("sample index", sum(j.plan.sample_index_shape[0] for j in self.todo), "samples")
+        self.progress.phase("shuffle index", sum(j.plan.shuffle_index_length for j in self.todo), "samples")
         with ThreadPoolExecutor(max_workers=2, thread_name_prefix="index-pool") as pool:
             enter("document index")
             t = time.monotonic()
@@ -408,19 +417,23 @@ class GPTBuild:
         future of its shuffle index returned."""
         p = task.plan
         state = self.seeded.copy()
+        shuffled = self.progress.counter("document index")
         if task.index not in self.shared_ids:
-            document_index = build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state)
+            document_index = build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state,
+                                                  progress=shuffled)
             sizes = self.datasets[task.data_path].read_lengths(*task.split_range)
             tokens, _, checksum = length_stats(sizes, task.split_range[0])
             check_tokens(task, tokens, checksum)
             sample_index = build_sample_index(sizes, document_index, p, task.split_range[0])
+            self.progress.add("sample index", len(sample_index))
             writes.put(document_index.nbytes + sample_index.nbytes, self._finish, task, state, document_index,
                        sample_index)
             return None
         NpyWriter.create(self.staging.path(task.entry.path("sample_index.npy")), p.sample_index_dtype,
                          p.sample_index_shape)
         with self._array(task, "document_index.npy", shared=True) as out:
-            build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state, out=out)
+            build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state, out=out,
+                                 progress=shuffled)
         write_description(task.entry, self.staging)
         return pool.submit(self._shuffle_index, task, state)
 
@@ -437,7 +450,8 @@ class GPTBuild:
     def _shuffle_index(self, task: GPTTask, state: MT19937) -> None:
         p = task.plan
         with self._array(task, "shuffle_index.npy") as out:
-            build_shuffle_index(p.num_samples, p.shuffle_first_range, p.shuffle_index_dtype, state, out=out)
+            build_shuffle_index(p.num_samples, p.shuffle_first_range, p.shuffle_index_dtype, state, out=out,
+                                progress=self.progress.counter("shuffle index"))
 
     @contextmanager
     def _array(self, task: GPTTask, what: str, shared: bool = False):
@@ -466,7 +480,9 @@ class GPTBuild:
         return self.staging.name(task.entry.path(what))
 
     def _pieces(self) -> list[tuple[GPTTask, int, int]]:
-        """This rank's ``(task, p0, p1)`` pieces of the shared tasks' document indices laid end to end."""
+        """This rank's ``(task, p0, p1)`` pieces of the shared tasks' document indices laid end to end,
+        each cut in steps of ``WALK_STEP`` positions (any cut gives the same rows: see
+        ``sample_rows_in_slice``); an empty document index is one empty piece."""
         lengths = [j.plan.document_index_length for j in self.shared]
         mine = {i: (a, b) for i, a, b in even_pieces(lengths, self.comm.rank, self.comm.size)}
         # An empty document index still has its one sample-index row: the rank whose share starts
@@ -476,7 +492,8 @@ class GPTBuild:
         for i, (s, n) in enumerate(zip(starts.tolist(), lengths)):
             if n == 0 and int(np.searchsorted(bounds, s, side="right")) - 1 == self.comm.rank:
                 mine[i] = (0, 0)
-        return [(self.shared[i], a, b) for i, (a, b) in sorted(mine.items())]
+        return [(self.shared[i], q, min(q + WALK_STEP, b)) for i, (a, b) in sorted(mine.items())
+                for q in range(a, max(b, a + 1), WALK_STEP)]
 
     def _sample_index(self) -> None:
         # Collectives never sit behind fallible local work: a rank that failed would skip them and
@@ -489,16 +506,22 @@ class GPTBuild:
             for task, p0, p1 in pieces:
                 document_index = load_npy(self._named(task, "document_index.npy"))[p0:p1]
                 sums.append(slice_tokens(self.datasets[task.data_path].sequence_lengths, document_index))
-        # Tokens before this rank's first piece: the pieces of the same task on lower ranks, each of
-        # which is that rank's last piece.
-        last = (pieces[-1][0].index, sums[-1]) if pieces else None
+        # Tokens before this rank's first task's pieces: the pieces of the same task on lower ranks,
+        # each of which holds it as its last task.
+        first = pieces[0][0].index if pieces else None
+        last = pieces[-1][0].index if pieces else None
+        mine = (last, sum(t for (task, _, _), t in zip(pieces, sums) if task.index == last)) if pieces else None
         before = 0
-        for item in comm.allgather(last)[: comm.rank]:
-            if item is not None and pieces and item[0] == pieces[0][0].index:
+        for item in comm.allgather(mine)[: comm.rank]:
+            if item is not None and item[0] == first:
                 before += item[1]
         with comm.agreed("writing the sample indices"):
-            for n, ((task, p0, p1), total) in enumerate(zip(pieces, sums)):
-                self._write_sample_rows(task, p0, p1, total, before if n == 0 else 0)
+            start, at = before, first  # the tokens before each piece in its task's document index
+            for (task, p0, p1), total in zip(pieces, sums):
+                if task.index != at:
+                    start, at = 0, task.index
+                self._write_sample_rows(task, p0, p1, total, start)
+                start += total
 
     def _write_sample_rows(self, task: GPTTask, p0: int, p1: int, total: int, start: int) -> None:
         plan = task.plan
@@ -510,11 +533,13 @@ class GPTBuild:
             with NpyWriter(self._named(task, "sample_index.npy"), plan.sample_index_dtype,
                            plan.sample_index_shape) as w:
                 w.write_rows(k0, rows)
+            self.progress.add("sample index", k1 - k0)
 
     def publish(self) -> None:
         """This rank's tasks into place."""
         publish_entries((j.entry for j in self.mine), self.staging)
         self.published = True
+        self.progress.add("publish", len(self.mine))
 
     def discard(self) -> None:
         """Drop this rank's unpublished files after a failure."""

@@ -37,6 +37,7 @@ from ..formats.olmo import (TOKEN_DTYPES as OLMO_DTYPES, OlmoFile, check_eos, dt
                             is_olmo)
 from ..formats.pbin import (CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, expected_offsets, is_pbin,
                             merge_bug_hint, token_size)
+from ..runtime.progress import Progress
 from .assemble import Part, PartCounts, assemble, assemble_ds, assemble_olmo, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
 
@@ -411,7 +412,8 @@ def _groups(input_tokens: list[int], itemsize: int, max_size: int | None) -> lis
 
 def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: str, *, vocab_size: int | None = None,
           dtype: np.dtype | None = None, max_size: int | None = None, drop_loss_mask: bool = False,
-          eos_id: int | None = None, olmo_input_dtype: np.dtype | None = None) -> MergeResult:
+          eos_id: int | None = None, olmo_input_dtype: np.dtype | None = None,
+          progress_interval_s: float | None = None) -> MergeResult:
     t0 = time.monotonic()
     in_kind, out_kind = _kind(inputs[0]), _kind(output)
     planner = {"pbin": lambda p, j: _plan_pbin_file(p, j, chunk_bytes),
@@ -453,8 +455,11 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: st
         return part
 
     documents = sequences = 0
-    with guarded_output(comm, output, outputs, f"megacache {verb} into {output}") as guard:
+    with (guarded_output(comm, output, outputs, f"megacache {verb} into {output}") as guard,
+          Progress(comm, guard.directory, verb, progress_interval_s) as progress):
         guard.enter("writing")
+        progress.phase("writing", sum(c.tokens for c in counts), "tokens")
+        written = progress.counter("writing")
         for out, c0, c1 in zip(outputs, first_chunk[:-1].tolist(), first_chunk[1:].tolist()):
             # parts are numbered within their output
             owner = contiguous_shares([c.tokens for c in counts[c0:c1]], comm.size)
@@ -465,16 +470,16 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: st
 
             try:
                 if out_kind == "pbin":
-                    n = assemble_pbin(comm, out, dtype.itemsize, counts[c0:c1], mine, group, guard.job)
+                    n = assemble_pbin(comm, out, dtype.itemsize, counts[c0:c1], mine, group, guard.job, written)
                     documents, sequences = documents + n, sequences + n
                 elif out_kind == "ds":
-                    n = assemble_ds(comm, out, dtype, counts[c0:c1], mine, group, guard.job)
+                    n = assemble_ds(comm, out, dtype, counts[c0:c1], mine, group, guard.job, written)
                     documents, sequences = documents + n, sequences + n
                 elif out_kind == "olmo":
-                    n = assemble_olmo(comm, out, dtype, counts[c0:c1], mine, group, guard.job)
+                    n = assemble_olmo(comm, out, dtype, counts[c0:c1], mine, group, guard.job, written)
                     documents, sequences = documents + n, sequences + n
                 else:
-                    layout = assemble(comm, out, dtype, counts[c0:c1], mine, group, guard.job)
+                    layout = assemble(comm, out, dtype, counts[c0:c1], mine, group, guard.job, written)
                     documents += layout.document_count - 1
                     sequences += layout.sequence_count
             finally:
@@ -553,11 +558,12 @@ def expand_inputs(paths: list[str], input_list: str | None = None) -> list[str]:
 
 def merge(inputs: list[str], output: str, comm: Comm | None = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
           drop_loss_mask: bool = False, input_list: str | None = None, dtype: str | None = None,
-          max_size: int | None = None) -> MergeResult:
+          max_size: int | None = None, progress_interval_s: float | None = None) -> MergeResult:
     """Concatenate datasets of one format (Megatron prefixes, ``.pbin`` or ``.ds`` files; folders and
     glob patterns as ``expand_inputs`` reads them) into ``output``, or into parts of at most
     ``max_size`` bytes of tokens (``part_name``; whole inputs each). Inputs of several token widths
-    need ``dtype``, the output's (every id checked to fit)."""
+    need ``dtype``, the output's (every id checked to fit). ``progress_interval_s``: seconds between
+    progress lines on stderr (``runtime.progress``; None: its default, 0: none)."""
     comm = comm or get_comm()
     inputs = comm.on_root(lambda: expand_inputs(inputs, input_list), "listing the inputs")
     _check_inputs(inputs, [output], "merge")
@@ -569,13 +575,13 @@ def merge(inputs: list[str], output: str, comm: Comm | None = None, chunk_bytes:
         raise MegacacheError("merge: the inputs and the output must all be .pbin files, all .ds files or all "
                              "Megatron prefixes; megacache convert changes the format")
     return _copy(inputs, output, comm, chunk_bytes, "merge", dtype=None if dtype is None else np.dtype(dtype),
-                 max_size=max_size, drop_loss_mask=drop_loss_mask)
+                 max_size=max_size, drop_loss_mask=drop_loss_mask, progress_interval_s=progress_interval_s)
 
 
 def convert(sources: str | list[str], output: str, comm: Comm | None = None, vocab_size: int | None = None,
             chunk_bytes: int = DEFAULT_CHUNK_BYTES, drop_loss_mask: bool = False, input_list: str | None = None,
             max_size: int | None = None, eos_id: int | None = None, dtype: str | None = None,
-            per_file: bool = False) -> MergeResult:
+            per_file: bool = False, progress_interval_s: float | None = None) -> MergeResult:
     """Datasets of one format (folders and glob patterns as ``expand_inputs`` reads them), in order,
     as one dataset in another format: a Megatron prefix, a ``.pbin`` (Modalities), a ``.ds``
     (datatrove) or an OLMo token file (``.npy``); or as parts of at most ``max_size`` bytes of
@@ -585,7 +591,7 @@ def convert(sources: str | list[str], output: str, comm: Comm | None = None, voc
     mask is not carried: a mask that masks a token is refused unless ``drop_loss_mask``. OLMo token
     files (docs/olmo.md), as input or output, need ``eos_id``; ``dtype`` (uint16 or uint32) is their
     width, else ``vocab_size`` gives it by OLMo's rule; an OLMo input needs one of them, an OLMo
-    output takes the sources' width without."""
+    output takes the sources' width without. ``progress_interval_s`` as ``merge``'s."""
     comm = comm or get_comm()
     given = [sources] if isinstance(sources, str) else list(sources)
     inputs = comm.on_root(lambda: expand_inputs(given, input_list), "listing the inputs")
@@ -596,15 +602,20 @@ def convert(sources: str | list[str], output: str, comm: Comm | None = None, voc
     options = dict(vocab_size=vocab_size, chunk_bytes=chunk_bytes, drop_loss_mask=drop_loss_mask, max_size=max_size,
                    eos_id=eos_id, dtype=dtype)
     if not per_file:
-        return _convert(inputs, output, comm, **options)
+        return _convert(inputs, output, comm, **options, progress_interval_s=progress_interval_s)
     t0 = time.monotonic()
     outputs = per_file_names(inputs, output)
     _check_inputs(inputs, outputs, "convert")
     # Files are independent: each rank converts its share alone, and the ranks agree at the end.
+    # The job's progress counts files; no file's own is shown.
     mine = []
-    with comm.agreed("converting each file"):
-        for j in range(comm.rank, len(inputs), comm.size):
-            mine.append(_convert([inputs[j]], outputs[j], SingleComm(), **options))
+    with Progress.beside(comm, os.path.dirname(os.path.abspath(output)), "convert",
+                         progress_interval_s) as progress:
+        progress.phase("converting", len(inputs), "files")
+        with comm.agreed("converting each file"):
+            for j in range(comm.rank, len(inputs), comm.size):
+                mine.append(_convert([inputs[j]], outputs[j], SingleComm(), **options, progress_interval_s=0))
+                progress.add("converting", 1)
     done = [r for part in comm.allgather(mine) for r in part]
     order = {name: j for j, name in enumerate(outputs)}
     return MergeResult(output=output, documents=sum(r.documents for r in done),
@@ -637,7 +648,8 @@ def per_file_names(inputs: list[str], pattern: str) -> list[str]:
 
 
 def _convert(inputs: list[str], output: str, comm: Comm, *, vocab_size: int | None, chunk_bytes: int,
-             drop_loss_mask: bool, max_size: int | None, eos_id: int | None, dtype: str | None) -> MergeResult:
+             drop_loss_mask: bool, max_size: int | None, eos_id: int | None, dtype: str | None,
+             progress_interval_s: float | None) -> MergeResult:
     """``convert`` of listed inputs into one ``output`` (or its parts)."""
     _check_inputs(inputs, [output], "convert")
     kinds = {_kind(p) for p in inputs}
@@ -656,11 +668,12 @@ def _convert(inputs: list[str], output: str, comm: Comm, *, vocab_size: int | No
             raise MegacacheError("convert: --eos-id and --dtype are for OLMo token files (.npy), and neither the "
                                  "inputs nor the output is one")
         return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size, max_size=max_size,
-                     drop_loss_mask=drop_loss_mask)
+                     drop_loss_mask=drop_loss_mask, progress_interval_s=progress_interval_s)
     eos_id = given_eos(eos_id, "convert")
     if in_kind == "olmo":
         return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size, max_size=max_size,
-                     eos_id=eos_id, olmo_input_dtype=given_width(f"convert: {inputs[0]}", dtype, vocab_size))
+                     eos_id=eos_id, olmo_input_dtype=given_width(f"convert: {inputs[0]}", dtype, vocab_size),
+                     progress_interval_s=progress_interval_s)
     return _copy(inputs, output, comm, chunk_bytes, "convert", vocab_size=vocab_size,
                  dtype=None if dtype is None else OLMO_DTYPES[dtype], max_size=max_size,
-                 drop_loss_mask=drop_loss_mask, eos_id=eos_id)
+                 drop_loss_mask=drop_loss_mask, eos_id=eos_id, progress_interval_s=progress_interval_s)

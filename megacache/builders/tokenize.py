@@ -43,7 +43,7 @@ from ..runtime.fsio import (gone, make_directories, publish, read_json, remove_q
                             WORK_MARK, write_json_atomic, writing)
 from ..text.inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
 from ..runtime.coordination import Guard
-from ..runtime.progress import Progress
+from ..runtime.progress import BYTES, Progress
 from ..text.tokenization import Tokenizer, load_tokenizer, require_tokenizer
 from .assemble import (Part, PartCounts, assemble, assemble_pbin, dataset_files, discard, guarded_output,
                        tidy_output)
@@ -347,7 +347,7 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
                  tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.doclen"), tag)) for k in cfg.json_keys}
     counts = {k: [0, 0, 0] for k in cfg.json_keys}
     empty = dict.fromkeys(cfg.json_keys, 0)
-    reported = {"bytes": 0, "docs": 0, "tokens": 0}
+    reported = {"done": 0, "docs": 0, "tokens": 0}
     documents = 0
     guards = {k: SampleCheck(tok, cfg.verify_fraction, unit.index) for k in cfg.json_keys} if tok.reference else None
     seconds = dict.fromkeys(STAGES, 0.0)
@@ -392,8 +392,8 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
                 c[2] += int(ids.size)
                 batch_tokens += int(ids.size)
                 seconds["write"] += clock() - t
-            step = {"bytes": batch.bytes_done - reported["bytes"], "docs": batch_docs, "tokens": batch_tokens}
-            progress.add(**step)
+            step = {"done": batch.bytes_done - reported["done"], "docs": batch_docs, "tokens": batch_tokens}
+            progress.add("tokenizing", **step)
             for k, v in step.items():
                 reported[k] += v
             documents += batch_docs
@@ -410,7 +410,7 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
         for b, d in parts.values():  # a rerun starts the unit afresh
             remove_quietly(b)
             remove_quietly(d)
-        progress.add(**{k: -v for k, v in reported.items()})
+        progress.add("tokenizing", **{k: -v for k, v in reported.items()})
         raise
     finally:
         for f in opened:
@@ -523,48 +523,49 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
 
     owner = contiguous_shares([u.size for u in units], comm.size)
     mine = [u for u in units if owner[u.index] == comm.rank]
-    todo_bytes = sum(u.size for u in units if u.index not in reused)
     if comm.rank == 0 and reused:
         LOG.info(f"megacache tokenize: resuming: {len(reused)} of {len(units)} units already done")
 
-    progress = Progress(os.path.join(cfg.work_dir, "progress"), comm.rank, comm.size, todo_bytes,
-                        "tokenize", interval_s=cfg.progress_interval_s)
-    guard.enter("tokenizing")
-    with comm.agreed("tokenizing"), progress, ThreadPoolExecutor(1) as publisher:
-        published = [publisher.submit(_publish_unit, cfg, unit, tag, _tokenize_unit(cfg, unit, tok, dtype, progress, tag))
-                     for unit in mine if unit.index not in reused]
-        for done in published:
-            done.result()
-    progress.finish()
+    with Progress(comm, guard.directory, "tokenize", cfg.progress_interval_s) as progress:
+        progress.phase("tokenizing", sum(u.size for u in units if u.index not in reused), BYTES, ("docs", "tokens"))
+        guard.enter("tokenizing")
+        with comm.agreed("tokenizing"), ThreadPoolExecutor(1) as publisher:
+            published = [publisher.submit(_publish_unit, cfg, unit, tag,
+                                          _tokenize_unit(cfg, unit, tok, dtype, progress, tag))
+                         for unit in mine if unit.index not in reused]
+            for done in published:
+                done.result()
 
-    # Every unit's counts, in input order, on every rank; each rank reads only its own records.
-    records = {u.index: read_json(_unit_name(cfg.work_dir, u.index, "done")) for u in mine}
-    gathered: dict[int, dict] = {}
-    for part in comm.allgather(records):
-        gathered.update(part)
-    ordered = [gathered[u.index] for u in units]
-    documents = sum(r["counts"][cfg.json_keys[0]][0] for r in ordered)
-    if documents == 0:
-        skipped = sum(r["bad_count"] for r in ordered)
-        why = (f": all {skipped} record(s) were bad and skipped (--skip-bad), the first: "
-               + "; ".join(loc for r in ordered for loc in r["bad_first"][:MAX_BAD_LOCATIONS])
-               if skipped else " (the inputs hold no records)")
-        raise MegacacheError(f"no documents were read from {len(paths)} input file(s){why}; nothing was written")
+        # Every unit's counts, in input order, on every rank; each rank reads only its own records.
+        records = {u.index: read_json(_unit_name(cfg.work_dir, u.index, "done")) for u in mine}
+        gathered: dict[int, dict] = {}
+        for part in comm.allgather(records):
+            gathered.update(part)
+        ordered = [gathered[u.index] for u in units]
+        documents = sum(r["counts"][cfg.json_keys[0]][0] for r in ordered)
+        if documents == 0:
+            skipped = sum(r["bad_count"] for r in ordered)
+            why = (f": all {skipped} record(s) were bad and skipped (--skip-bad), the first: "
+                   + "; ".join(loc for r in ordered for loc in r["bad_first"][:MAX_BAD_LOCATIONS])
+                   if skipped else " (the inputs hold no records)")
+            raise MegacacheError(f"no documents were read from {len(paths)} input file(s){why}; nothing was written")
 
-    tokens = {}
-    for key in cfg.json_keys:
-        guard.enter(f"writing {cfg.output_path(key)}")
-        counts = [PartCounts(*r["counts"][key]) for r in ordered]
-        out = cfg.output_path(key)
-        load = lambda i, key=key: _load_part(cfg, key, i)  # noqa: E731
-        try:
-            if cfg.pbin:
-                assemble_pbin(comm, out, dtype.itemsize, counts, [u.index for u in mine], load, tag)
-            else:
-                assemble(comm, out, dtype, counts, [u.index for u in mine], load, tag)
-        finally:
-            discard(out, tag)
-        tokens[key] = sum(c.tokens for c in counts)
+        tokens = {}
+        progress.phase("writing", sum(r["counts"][key][2] for r in ordered for key in cfg.json_keys), "tokens")
+        written = progress.counter("writing")
+        for key in cfg.json_keys:
+            guard.enter(f"writing {cfg.output_path(key)}")
+            counts = [PartCounts(*r["counts"][key]) for r in ordered]
+            out = cfg.output_path(key)
+            load = lambda i, key=key: _load_part(cfg, key, i)  # noqa: E731
+            try:
+                if cfg.pbin:
+                    assemble_pbin(comm, out, dtype.itemsize, counts, [u.index for u in mine], load, tag, written)
+                else:
+                    assemble(comm, out, dtype, counts, [u.index for u in mine], load, tag, written)
+            finally:
+                discard(out, tag)
+            tokens[key] = sum(c.tokens for c in counts)
 
     def record() -> None:
         for key in cfg.json_keys:

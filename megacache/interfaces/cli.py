@@ -98,7 +98,7 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
         vocab_size=args.vocab_size, special_tokens=args.tokenizer_special_tokens,
         tiktoken_pattern=args.tiktoken_pattern, tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
         eod_id=args.eod_id, skip_bad=args.skip_bad, unit_bytes=args.unit_bytes, threads=args.threads,
-        progress_interval_s=args.log_interval, backend=args.tokenizer_backend,
+        progress_interval_s=args.progress_interval, backend=args.tokenizer_backend,
         verify_fraction=args.verify_fraction, strict_backend=args.strict_backend,
         output_format=args.output_format, overwrite=args.overwrite,
     )
@@ -142,7 +142,7 @@ def _cmd_merge(args: argparse.Namespace, comm: Comm) -> None:
         raise MegacacheError("merge: give the datasets to merge, or --input-list FILE")
     r = merge(args.prefixes, args.output_prefix, comm, chunk_bytes=args.chunk_bytes,
               drop_loss_mask=args.drop_loss_mask, input_list=args.input_list, dtype=args.dtype,
-              max_size=args.max_size)
+              max_size=args.max_size, progress_interval_s=args.progress_interval)
     if comm.rank == 0:
         print(_copy_summary("merge", r), flush=True)
 
@@ -154,7 +154,7 @@ def _cmd_convert(args: argparse.Namespace, comm: Comm) -> None:
         raise MegacacheError("convert: give the datasets to convert, or --input-list FILE")
     r = convert(args.sources, args.destination, comm, vocab_size=args.vocab_size, chunk_bytes=args.chunk_bytes,
                 drop_loss_mask=args.drop_loss_mask, input_list=args.input_list, max_size=args.max_size,
-                eos_id=args.eos_id, dtype=args.dtype, per_file=args.per_file)
+                eos_id=args.eos_id, dtype=args.dtype, per_file=args.per_file, progress_interval_s=args.progress_interval)
     if comm.rank == 0:
         print(_copy_summary("convert", r), flush=True)
 
@@ -219,7 +219,10 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
 def build_config(args: argparse.Namespace, comm: Comm):
     """The ``BuildConfig`` of ``megacache build``'s parsed arguments (``build_parser``): from a
     Megatron-Bridge configuration, or from the Megatron-LM training command."""
-    return _bridge_config(args, comm) if args.bridge_config else _megatron_lm_config(args, comm)
+    from dataclasses import replace
+
+    cfg = _bridge_config(args, comm) if args.bridge_config else _megatron_lm_config(args, comm)
+    return replace(cfg, progress_interval_s=args.progress_interval)
 
 
 def _megatron_lm_config(args: argparse.Namespace, comm: Comm):
@@ -369,6 +372,7 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     from ..formats.pbin import is_pbin
     from ..megatron.versions import resolve
     from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_ds, verify_olmo, verify_pbin
+    from ..runtime.progress import Progress
 
     _check_olmo_flags(args, "verify")
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
@@ -404,22 +408,28 @@ def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
     # Datasets are shared out over the ranks, caches checked by all of them together.
     caches = comm.on_root(lambda: [is_cache(path) for path in args.paths], "finding the caches")
     datasets = [i for i, cache in enumerate(caches) if not cache]
-    with comm.agreed("checking the datasets"):
-        mine = {i: check_dataset(args.paths[i]) for i in datasets[comm.rank :: comm.size]}
-    checked_datasets = {i: r for part in comm.allgather(mine) for i, r in part.items()}
-    for i, path in enumerate(args.paths):
-        if not caches[i]:
-            checked += 1
+    first = args.paths[0] if caches[0] else os.path.dirname(os.path.abspath(args.paths[0]))
+    with Progress.beside(comm, first, "verify", args.progress_interval) as progress:
+        progress.phase("datasets", len(datasets), "datasets")
+        with comm.agreed("checking the datasets"):
+            mine = {}
+            for i in datasets[comm.rank :: comm.size]:
+                mine[i] = check_dataset(args.paths[i])
+                progress.add("datasets", 1)
+        checked_datasets = {i: r for part in comm.allgather(mine) for i, r in part.items()}
+        for i, path in enumerate(args.paths):
+            if not caches[i]:
+                checked += 1
+                if comm.rank == 0:
+                    report(*checked_datasets[i])
+                continue
+            verdicts = verify_cache(path, version, comm, progress)
+            checked += max(len(verdicts), 1)
             if comm.rank == 0:
-                report(*checked_datasets[i])
-            continue
-        verdicts = verify_cache(path, version, comm)
-        checked += max(len(verdicts), 1)
-        if comm.rank == 0:
-            if not verdicts:
-                report(path, "", [f"{path}: no cache entries in this directory"])
-            for v in verdicts:
-                report(v.title, f"{v.title}: {v.summary}", v.problems)
+                if not verdicts:
+                    report(path, "", [f"{path}: no cache entries in this directory"])
+                for v in verdicts:
+                    report(v.title, f"{v.title}: {v.summary}", v.problems)
     failed = comm.bcast(failed)
     if failed:
         shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
@@ -574,6 +584,15 @@ def value_name(action: argparse.Action) -> str:
     return action.dest.rsplit("_", 1)[-1].upper()
 
 
+def _add_progress_interval_arg(p, training: bool = False) -> None:
+    """--progress-interval, also spelled --log-interval except in build, where --log-interval is
+    the training command's own flag (iterations between training's log lines)."""
+    names = ("--progress-interval",) if training else ("--progress-interval", "--log-interval")
+    p.add_argument(*names, dest="progress_interval", type=amount, metavar="SECONDS",
+                   help="seconds between progress lines on stderr (default: 0.5 on a terminal, 30 otherwise; "
+                        "0 disables)")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse reading flags as Megatron-LM's parser does, never abbreviated (``--seq 256`` is no
     ``--seq-length``, which training would refuse), and refusing an unknown flag where it was given:
@@ -701,8 +720,7 @@ def _add_tokenize_args(sub) -> None:
     p.add_argument("--strict-backend", action="store_true",
                    help="stop with an error when gigatoken disagrees with the reference library (self-test or a "
                         "unit), instead of falling back to it")
-    p.add_argument("--log-interval", type=amount, metavar="SECONDS",
-                   help="progress interval (default: 0.5 on a terminal, 30 otherwise; 0 disables)")
+    _add_progress_interval_arg(p)
     p.set_defaults(func=_cmd_tokenize)
 
 
@@ -801,6 +819,7 @@ def _add_build_args(sub) -> None:
     g.add_argument("--json", action="store_true", help="with --dry-run: the list as JSON, for tools")
     g.add_argument("--verbose", action="store_true",
                    help="print each split's full description (with --dry-run: also each file and whether it is there)")
+    _add_progress_interval_arg(g, training=True)
     g.add_argument("-h", "--help", action="help", help="show this help message and exit")
     g = p.add_argument_group("Megatron-LM's loading flags", "accepted; the cache is the same with or without them")
     g.add_argument("--dataloader-fast-cache-load", action="store_true")
@@ -824,6 +843,7 @@ def _add_merge_args(sub) -> None:
     p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=_MAX_SIZE_HELP)
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.add_argument("--drop-loss-mask", action="store_true", help=_DROP_LOSS_HELP)
+    _add_progress_interval_arg(p)
     p.set_defaults(func=_cmd_merge)
 
 
@@ -859,6 +879,7 @@ def _add_convert_args(sub) -> None:
                         "inputs (instead of all inputs into one)")
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.add_argument("--drop-loss-mask", action="store_true", help=_DROP_LOSS_HELP)
+    _add_progress_interval_arg(p)
     p.set_defaults(func=_cmd_convert)
 
 
@@ -875,6 +896,7 @@ def _add_verify_args(sub) -> None:
     p.add_argument("--eos-id", type=int, help=_OLMO_EOS_HELP)
     p.add_argument("--dtype", choices=["uint16", "uint32"], help=_OLMO_DTYPE_HELP)
     _add_version_arg(p)
+    _add_progress_interval_arg(p)
     p.set_defaults(func=_cmd_verify)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -36,6 +37,7 @@ from ..megatron.tokenizer import versions_of
 from ..megatron.versions import resolve
 from ..runtime.comm import Comm, SingleComm
 from ..runtime.fsio import pread_into, read_ahead
+from ..runtime.progress import BYTES, Progress, quiet
 from .inspection import count_blend, in_order, list_cache, read_entry, split_range, tokenizer_note
 
 
@@ -196,15 +198,18 @@ class EntryVerdict:
         return f"{self.hash} {self.class_name} {self.split_name}"
 
 
-def verify_cache(directory: str, megatron_version: str | None = None, comm: Comm | None = None) -> list[EntryVerdict]:
+def verify_cache(directory: str, megatron_version: str | None = None, comm: Comm | None = None,
+                 progress: Progress | None = None) -> list[EntryVerdict]:
     """Every entry of a cache directory, checked against its description, its dataset and its blend's
     children (in the same directory), and its tokenizer identity against ``megatron_version``'s
     (default as ``versions.resolve``): an identity only other versions build is never found.
 
     Collective over ``comm``'s ranks: each reads a share of the entries and checks a share (balanced
     by their bytes), every rank checks a slice of each blend; every rank returns every verdict, in
-    inspect's order. The verdicts do not depend on the number of ranks."""
+    inspect's order. The verdicts do not depend on the number of ranks. ``progress`` counts the
+    bytes of the entries checked whole and the draws of the blends checked in slices."""
     comm = comm or SingleComm()
+    progress = progress or quiet()
     version = resolve(megatron_version)
     listed = comm.on_root(lambda: sorted(list_cache(directory).entries, key=_key), "listing the cache")
     with comm.agreed("reading the cache entries"):
@@ -216,14 +221,17 @@ def verify_cache(directory: str, megatron_version: str | None = None, comm: Comm
     sliced = [e for e in entries if _sliceable(e)]
     alone = [e for e in entries if not _sliceable(e)]
     verdicts = {}
+    progress.phase("cache entries", sum(_size(e) for e in alone), BYTES)
+    progress.phase("blend draws", sum(e.arrays["dataset_index.npy"][0][0] for e in sliced), "samples")
     with comm.agreed("checking the cache entries"):
         owned = [e for e, owner in zip(alone, _owners(alone, comm.size)) if owner == comm.rank]
         for i, e in enumerate(owned):
             if i + 1 < len(owned):
                 _read_ahead(owned[i + 1])  # read while this one is checked
             verdicts[_key(e)] = _verify_entry(e, gpt, version)
+            progress.add("cache entries", _size(e))
     for e in sliced:
-        verdicts[_key(e)] = _verify_blend_slices(e, gpt, comm)
+        verdicts[_key(e)] = _verify_blend_slices(e, gpt, comm, progress.counter("blend draws"))
     for part in comm.allgather({k: v for k, v in verdicts.items() if v is not None}):
         verdicts.update(part)
     return [verdicts[_key(e)] for e in entries]
@@ -245,11 +253,16 @@ def _key(e) -> tuple[str, str, str]:
     return e.hash, e.class_name, e.split_name
 
 
+def _size(e) -> int:
+    """The bytes of an entry's arrays."""
+    return sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in e.arrays.values())
+
+
 def _owners(entries: list, ranks: int) -> list[int]:
     """A rank for each entry: the largest first, each to the rank with the fewest bytes so far."""
     load = [0] * ranks
     owners = [0] * len(entries)
-    sizes = [sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in e.arrays.values()) for e in entries]
+    sizes = [_size(e) for e in entries]
     for i in sorted(range(len(entries)), key=lambda i: (-sizes[i], i)):
         owners[i] = r = load.index(min(load))
         load[r] += sizes[i]
@@ -447,9 +460,9 @@ def _sliceable(e) -> bool:
     return e.class_name == "BlendedDataset" and e.whole and not e.problems and not _blend_problems(e)
 
 
-def _verify_blend_slices(e, gpt: dict, comm: Comm) -> EntryVerdict:
+def _verify_blend_slices(e, gpt: dict, comm: Comm, checked: Callable[[int], None]) -> EntryVerdict:
     """A sliceable blend's verdict, every rank checking a slice of its draws (the same verdict on
-    every rank)."""
+    every rank), telling ``checked`` the draws of each block."""
     v = EntryVerdict(e.hash, e.class_name, e.split_name)
     datasets = e.description["datasets"]
     index_path, sample_path = e.path("dataset_index.npy"), e.path("dataset_sample_index.npy")
@@ -459,6 +472,7 @@ def _verify_blend_slices(e, gpt: dict, comm: Comm) -> EntryVerdict:
         lo, hi = n * comm.rank // comm.size, n * (comm.rank + 1) // comm.size
         for a, indices, samples in _blocks(((index_path, np.int16), (sample_path, np.int64)), lo, hi):
             check_blend_order(indices, samples, a, mine)
+            checked(len(indices))
     outside, unordered, counts = blend_verdict(comm.allgather(mine))
     if outside is not None:
         a, value = outside

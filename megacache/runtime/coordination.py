@@ -499,6 +499,11 @@ class Guard:
     locks: list[Lock]
     monitor: Monitor
 
+    @property
+    def directory(self) -> str:
+        """The job's own directory: its ranks' records and progress files."""
+        return self.monitor.dir
+
     def enter(self, phase: str) -> None:
         self.monitor.enter(phase)
 

@@ -70,6 +70,28 @@ def test_memory_mapped_path_single_rank(megatron, monkeypatch):
     assert labelled(outcomes) == 40 and outcomes.get("refused", 0) <= REFUSED_AT_MOST * 40, outcomes
 
 
+def test_sample_index_walked_in_short_steps_single_rank(megatron, monkeypatch):
+    # A rank walks its pieces of the shared document indices a step at a time (the steps its
+    # progress is counted in): steps of a few positions give the same rows.
+    import megacache.builders.gpt as gpt
+
+    monkeypatch.setattr(gpt, "IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(gpt, "WALK_STEP", 7)
+    outcomes = sweep(SingleComm(), 40, seed=3)
+    assert labelled(outcomes) == 40 and outcomes.get("refused", 0) <= REFUSED_AT_MOST * 40, outcomes
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sample_index_walked_in_short_steps_under_mpi(monkeypatch):
+    # Each rank's pieces in steps, the first of them continuing a task begun on a lower rank.
+    import megacache.builders.gpt as gpt
+
+    monkeypatch.setattr(gpt, "IN_MEMORY_BYTES", 0)
+    monkeypatch.setattr(gpt, "WALK_STEP", 7)
+    outcomes = sweep(get_comm("mpi"), 40, seed=200)
+    assert labelled(outcomes) == 40 and outcomes.get("refused", 0) <= REFUSED_AT_MOST * 40, outcomes
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("kernel_mode", ["native"], indirect=True)
 def test_random_configurations_under_mpi(kernel_mode, report):

@@ -174,7 +174,7 @@ def test_progress_is_aggregated_over_ranks(tmp_path, bpe):
     for f in range(2):
         write_input(str(tmp_path / f"s{f}.jsonl"), docs[f::2])
     proc = run_megacache(2, "tokenize", "--input", str(tmp_path), "--output-prefix", str(tmp_path / "o"),
-                         "--tokenizer", bpe, "--unit-bytes", "64K", "--log-interval", "0.2", "--threads", "1")
+                         "--tokenizer", bpe, "--unit-bytes", "64K", "--log-interval", "0.01", "--threads", "1")
     lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("tokenize: ")]
     assert lines, proc.stderr
     # Not a terminal: plain log lines; the last one covers every rank's documents.

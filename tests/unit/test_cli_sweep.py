@@ -40,6 +40,7 @@ class Command:
 
 
 _IGNORED = "NullTokenizer reads no file and has no special tokens: Megatron ignores it, so does build"
+_NO_PROGRESS = "no progress lines"
 COMMANDS = {
     "build": Command(
         ("build", "--data-path", f"{T}/a", "--split", "90,8,2", "--seq-length", "8", "--train-samples", "40",
@@ -65,6 +66,7 @@ COMMANDS = {
             ("--null-tokenizer-eod-id", "-1"): "Megatron takes it as given (hashed)",
             ("--null-tokenizer-pad-id", "0"): "an id",
             ("--null-tokenizer-pad-id", "-1"): "its default",
+            ("--progress-interval", "0"): _NO_PROGRESS,
             **dict.fromkeys(("--tokenizer-model", "--tokenizer-metadata", "--vocab-file", "--merge-file",
                              "--tokenizer-special-tokens", "--chat-template"), _IGNORED),
         },
@@ -95,7 +97,7 @@ COMMANDS = {
             ("--tiktoken-num-special-tokens", "0"): _IGNORED,
             ("--eod-id", "0"): "an id",
             ("--verify-fraction", "0"): "no document checked",
-            ("--log-interval", "0"): "no progress lines",
+            ("--progress-interval", "0"): _NO_PROGRESS,
         },
         conflicts=(
             (("--eod-id", "101"), "--eod-id"),  # NullTokenizer's ids are 0..100, EOD 100
@@ -103,13 +105,15 @@ COMMANDS = {
     "merge": Command(
         ("merge", f"{T}/a", f"{T}/b", "--output-prefix", O),
         required=frozenset({"--output-prefix"}),
-        valid={("--output-prefix", WORD): "a prefix relative to the current directory"},
+        valid={("--output-prefix", WORD): "a prefix relative to the current directory",
+               ("--progress-interval", "0"): _NO_PROGRESS},
         conflicts=(
             ((f"{T}/a",), f"{T}/a"),
             (("--output-prefix", f"{T}/b"), f"{T}/b"),
         )),
-    "convert": Command(("convert", f"{T}/a", f"{O}.pbin", "--vocab-size", "100")),
-    "verify": Command(("verify", f"{T}/a", "--vocab-size", "100")),
+    "convert": Command(("convert", f"{T}/a", f"{O}.pbin", "--vocab-size", "100"),
+                       valid={("--progress-interval", "0"): _NO_PROGRESS}),
+    "verify": Command(("verify", f"{T}/a", "--vocab-size", "100"), valid={("--progress-interval", "0"): _NO_PROGRESS}),
     "inspect": Command(("inspect", f"{T}/a")),
     "sample-corpus": Command(
         ("sample-corpus", "--output-dir", O, "--files", "1", "--documents", "5"),
