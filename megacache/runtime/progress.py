@@ -292,7 +292,7 @@ class Progress:
         if self._thread is not None:
             self._stop.set()
             self._thread.join()
-        # Every rank gets here together only when the work succeeded: a failure agreed by the ranks
+        # Every rank reaches this line together only when the work succeeded: a failure agreed by the ranks
         # raises on all of them, and any other ends the job.
         if exc_type is None and self.interval_s > 0:
             totals = _combined(self.comm.allgather(self._snapshot()))

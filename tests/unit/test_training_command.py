@@ -35,7 +35,7 @@ DATA = ["--data-path", "d", "--seq-length", "8", "--train-iters", "20", "--globa
 MEGACACHE_ONLY = {"-h", "--help", "--bridge-config", "--no-add-extra-token-to-sequence",
                   "--no-drop-last-partial-validation-sequence", "--rebuild-stale", "--megatron-version",
                   "--tokenizer-identifiers", "--tokenizer-from-description", "--megatron-python", "--dry-run",
-                  "--json", "--verbose", "--no-rebuild"}
+                  "--json", "--verbose", "--no-rebuild", "--progress-interval"}
 
 
 def build_flags() -> dict:
