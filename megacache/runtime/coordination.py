@@ -37,7 +37,7 @@ from .fsio import (STATE_DIR, TMP_MARK, WORK_MARK, gone, make_directories, names
                    write_json_atomic)
 from . import preemption
 from .environment import heartbeat_s, stale_s
-from .log import LOG
+from .log import LOG, byte_amount
 
 
 #: how long a rank stopped by a signal waits for rank 0 to have stopped before it ends
@@ -357,7 +357,7 @@ class Leftovers:
         return bool(self.temporaries or self.work or self.records)
 
     def describe(self) -> str:
-        """What is there, in a few words: ``3 temporary file(s) (3.60 GB), 1 job record``."""
+        """What is there, in a few words: ``3 temporary file(s) (3.6 GB), 1 record(s) of jobs ...``."""
         parts = []
         if self.temporaries:
             parts.append(f"{self.temporaries} temporary file(s) ({byte_amount(self.temporary_bytes)})")
@@ -366,13 +366,6 @@ class Leftovers:
         if self.records:
             parts.append(f"{self.records} record(s) of jobs that did not finish")
         return ", ".join(parts)
-
-
-def byte_amount(n: int) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} bytes"
 
 
 def _entries(directory: str) -> list[os.DirEntry]:

@@ -32,3 +32,11 @@ def show_on_stderr() -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         LOG.addHandler(handler)
     LOG.setLevel(logging.INFO)
+
+
+def byte_amount(n: float) -> str:
+    """A number of bytes as a message shows it: ``923.9 kB``, ``3.6 GB``, ``12 B``."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"

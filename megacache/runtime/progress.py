@@ -27,6 +27,7 @@ from typing import Callable, TextIO
 
 from .comm import Comm, SingleComm
 from .fsio import STATE_DIR, remove_quietly, write_atomic
+from .log import byte_amount
 
 _WRITE_EVERY_S = 1.0
 #: a phase's rate is measured over this many intervals (at least ``_RATE_WINDOW_S``), and from no
@@ -46,13 +47,6 @@ def _fmt_count(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.2f}{unit}"
     return f"{n:.1f}" if 0 < n < 10 and n != int(n) else f"{int(n)}"
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 def _fmt_seconds(s: float) -> str:
@@ -76,11 +70,11 @@ class _Phase:
 
     def amounts(self, done: int) -> str:
         if self.unit == BYTES:
-            return f"{_fmt_bytes(done)}/{_fmt_bytes(self.total)}"
+            return f"{byte_amount(done)}/{byte_amount(self.total)}"
         return f"{_fmt_count(done)}/{_fmt_count(self.total)} {self.unit}"
 
     def rate(self, per_s: float) -> str:
-        return f"{_fmt_bytes(per_s)}/s" if self.unit == BYTES else f"{_fmt_count(per_s)} {self.unit}/s"
+        return f"{byte_amount(per_s)}/s" if self.unit == BYTES else f"{_fmt_count(per_s)} {self.unit}/s"
 
 
 class Progress:

@@ -97,7 +97,7 @@ def test_ctrl_c_on_a_build_says_what_it_leaves_and_clean_removes_it(tmp_path):
     job.send_signal(signal.SIGINT)
     _, err = job.communicate(timeout=30)
     assert job.returncode == -signal.SIGINT, (job.returncode, err)
-    said = re.search(r"on rank 0; it leaves (\d+) temporary file\(s\) \(\d+\.\d\d [kMG]B\) in (\S+): a rerun removes "
+    said = re.search(r"on rank 0; it leaves (\d+) temporary file\(s\) \(\d+\.\d [kMG]B\) in (\S+): a rerun removes "
                      r"them, and `megacache clean (\S+)` removes it all\. Nothing partial is published", err)
     assert said and said.group(2) == said.group(3) == cache, err
     temporaries = [n for n in os.listdir(cache) if TMP_MARK in n]
@@ -106,7 +106,7 @@ def test_ctrl_c_on_a_build_says_what_it_leaves_and_clean_removes_it(tmp_path):
     cleaned = run_megacache(1, "clean", cache)
     assert re.fullmatch(rf"megacache clean: {cache}: an earlier job \(\w+\) did not finish: rank 0 \(pid {job.pid} "
                         rf"on \S+\) was in phase 'sample index' \(stopped by SIGINT\)\n"
-                        rf"megacache clean: {cache}: removed {len(temporaries)} temporary file\(s\) \(\d+\.\d\d [kMG]B\), "
+                        rf"megacache clean: {cache}: removed {len(temporaries)} temporary file\(s\) \(\d+\.\d [kMG]B\), "
                         rf"1 record\(s\) of jobs that did not finish\n", cleaned.stdout), cleaned.stdout
     assert os.listdir(cache) == []
     again = run_megacache(1, "clean", cache)

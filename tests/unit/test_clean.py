@@ -28,14 +28,14 @@ def test_a_failed_tokenize_says_what_it_leaves_and_clean_removes_it(tmp_path):
     work = out / ".tok.megacache-work"
     size = sum(f.stat().st_size for f in work.rglob("*") if f.is_file())
     assert done.stderr.endswith(
-        f"\nIt leaves 1 work directory(ies) of finished units ({size / 1e3:.2f} kB) in {out}: a rerun of the same "
+        f"\nIt leaves 1 work directory(ies) of finished units ({size / 1e3:.1f} kB) in {out}: a rerun of the same "
         f"command resumes from them, and `megacache clean {out}` removes it all\n"), done.stderr
     assert os.listdir(out) == [work.name]  # no job folder: its ranks removed their records
 
     cleaned = megacache("clean", str(out))
     assert (cleaned.returncode, cleaned.stderr) == (0, "")
     assert cleaned.stdout == f"megacache clean: {out}: removed 1 work directory(ies) of finished units " \
-                             f"({size / 1e3:.2f} kB)\n"
+                             f"({size / 1e3:.1f} kB)\n"
     assert os.listdir(out) == []
 
 
@@ -54,7 +54,7 @@ def test_clean_removes_nothing_while_a_job_runs(tmp_path):
                         rf"it has ended\n", done.stderr), done.stderr
     assert temporary.exists()
     done = megacache("clean", str(tmp_path))  # once it has ended
-    assert done.stdout == f"megacache clean: {tmp_path}: removed 1 temporary file(s) (1.00 kB)\n"
+    assert done.stdout == f"megacache clean: {tmp_path}: removed 1 temporary file(s) (1.0 kB)\n"
     assert os.listdir(tmp_path) == []
 
 
@@ -70,5 +70,5 @@ def test_clean_of_what_is_not_a_directory_removes_nothing(tmp_path):
 def test_clean_under_mpi_cleans_once(tmp_path):
     (tmp_path / ".y.megacache-tmp-0").write_text("abc")
     done = run_megacache(2, "clean", str(tmp_path))
-    assert done.stdout == f"megacache clean: {tmp_path}: removed 1 temporary file(s) (3 bytes)\n"
+    assert done.stdout == f"megacache clean: {tmp_path}: removed 1 temporary file(s) (3 B)\n"
     assert os.listdir(tmp_path) == []
