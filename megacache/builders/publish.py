@@ -37,17 +37,24 @@ def manifest_path(directory: str) -> str:
 def read_manifest(directory: str) -> dict[str, dict]:
     """``{entry stem: record}`` for ``directory``; empty when megacache never built there."""
     path = manifest_path(directory)
-    try:
-        manifest = read_json(path)
-    except FileNotFoundError:
+    manifest = _read_state(path, "delete it (megacache then checks the entries' shapes only) or rebuild the cache")
+    if manifest is None:
         return {}
-    except (OSError, ValueError) as exc:
-        raise FormatError(f"{path}: unreadable ({exc}); delete it (megacache then checks the entries' shapes "
-                          f"only) or rebuild the cache") from None
     entries = manifest.get("entries") if isinstance(manifest, dict) else None
     if not isinstance(entries, dict):
         raise FormatError(f"{path}: no 'entries' object; delete it or rebuild the cache")
     return entries
+
+
+def _read_state(path: str, remedy: str):
+    """A JSON file of the state directory, or None where there is none; unreadable, an error naming
+    it and ``remedy``."""
+    try:
+        return read_json(path)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise FormatError(f"{path}: unreadable ({exc}); {remedy}") from None
 
 
 def write_manifest(directory: str, data: bytes) -> None:
@@ -80,13 +87,9 @@ def record_path(output: str) -> str:
 def read_record(output: str) -> dict | None:
     """The record of the dataset ``output``; None when there is none (another tool wrote it)."""
     path = record_path(output)
-    try:
-        record = read_json(path)
-    except FileNotFoundError:
+    record = _read_state(path, "delete it, or pass --overwrite to replace the dataset and its record")
+    if record is None:
         return None
-    except (OSError, ValueError) as exc:
-        raise FormatError(f"{path}: unreadable ({exc}); delete it, or pass --overwrite to replace the dataset "
-                          f"and its record") from None
     if not isinstance(record, dict):
         raise FormatError(f"{path}: not a record (a JSON object); delete it, or pass --overwrite")
     return record
