@@ -618,10 +618,11 @@ def _guarded(comm, directories: list[str], key: str, temporaries: tuple[str, ...
     def where() -> str:
         """On SIGTERM or SIGINT (``preemption``), before anything else: where the job was, from
         memory (the filesystem may be what hangs)."""
-        if monitor is None:
-            return ""
-        left = _left_behind(directories)
-        return f"{what} was in phase '{monitor.phase}' on rank {comm.rank}" + (f"; {left}" if left else "")
+        return f"{what} was in phase '{monitor.phase}' on rank {comm.rank}" if monitor is not None else ""
+
+    def leaves() -> str:
+        """Next: what the job leaves, measured within a bounded time."""
+        return _left_behind(directories) if monitor is not None else ""
 
     def halt(signal_name: str) -> None:
         """Then: release the locks, and mark this rank's record stopped. mpiexec kills every rank
@@ -634,7 +635,8 @@ def _guarded(comm, directories: list[str], key: str, temporaries: tuple[str, ...
         if comm.rank != 0:
             monitor.await_stopped(0, timeout=STOP_WAIT_S)
 
-    preemption.register(where, halt)
+    registered = (where, leaves, halt)
+    preemption.register(registered)
     try:
         monitor = Monitor(directories[0], key, job, comm.rank, comm.size, comm.abort)
         try:
@@ -665,4 +667,4 @@ def _guarded(comm, directories: list[str], key: str, temporaries: tuple[str, ...
         for lock in locks:
             lock.release()
             _remove_state_dir_if_empty(lock.directory)
-        preemption.unregister(where, halt)
+        preemption.unregister(registered)

@@ -31,9 +31,10 @@ from .log import LOG
 #: the signals that stop a job on purpose
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
-#: this process's running jobs, as ``coordination.guarded`` registers each: ``(where, halt)``, where
-#: ``where()`` says where the job was (from memory) and ``halt(signal_name)`` releases its locks and
-#: marks its rank record
+#: this process's running jobs, as ``coordination.guarded`` registers each: ``(where, leaves, halt)``,
+#: where ``where()`` says where the job was (from memory), ``leaves()`` what it leaves on the
+#: filesystem (bounded in time; may be empty) and ``halt(signal_name)`` releases its locks and marks
+#: its rank record
 _jobs: list = []
 _stopping = threading.Lock()
 _installed = 0
@@ -45,13 +46,22 @@ def stoppable_now() -> bool:
     return _installed > 0
 
 
-def register(where, halt) -> None:
-    _jobs.append((where, halt))
+def register(job: tuple) -> None:
+    """A running job, as ``(where, leaves, halt)``: see ``_jobs``."""
+    _jobs.append(job)
 
 
-def unregister(where, halt) -> None:
-    if (where, halt) in _jobs:
-        _jobs.remove((where, halt))
+def unregister(job: tuple) -> None:
+    if job in _jobs:
+        _jobs.remove(job)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
 
 
 def _stop(signum: int) -> None:
@@ -59,16 +69,19 @@ def _stop(signum: int) -> None:
         threading.Event().wait()  # the other thread is stopping the process: do nothing more meanwhile
     name = signal.Signals(signum).name
     # Rank 0 speaks first: the launcher may kill it once another rank has ended.
+    # Where it was, from memory, before anything that touches the filesystem (which may be what
+    # hangs); then what it leaves there.
     if _identity["rank"] == 0:
-        where = "; ".join(w for w in (where() for where, _ in reversed(_jobs)) if w) or "while it held no lock"
+        where = "; ".join(w for w in (where() for where, _, _ in reversed(_jobs)) if w) or "while it held no lock"
         LOG.error(f"megacache {_identity['command']}: stopped by {name}: {where}. Nothing partial is "
                   f"published and the lock is released: rerun the same command to resume.")
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    for _, halt in reversed(_jobs):
+        _flush()
+        for _, leaves, _ in reversed(_jobs):
+            left = leaves()
+            if left:
+                LOG.error(f"megacache {_identity['command']}: {left}")
+    _flush()
+    for _, _, halt in reversed(_jobs):
         try:
             halt(name)
         except Exception:  # a filesystem gone bad: the next job judges this rank by its heartbeat
