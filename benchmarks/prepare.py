@@ -22,6 +22,7 @@ writes ``PREPARE.md`` beside it and, with ``--readme``, the table between the pr
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -30,8 +31,8 @@ import sys
 import tempfile
 import time
 
-from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, load_records, machine_info,
-                      run_program, same_outputs, shown, summarize)
+from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, machine_info, run_program,
+                      same_outputs, shown, summarize)
 
 PREPARE_RESULTS = os.path.join(ROOT, "benchmarks", "results", "prepare.jsonl")
 CPU_RUNNER = os.path.join(ROOT, "tests", "support", "prepare_cache_cpu.py")
@@ -151,7 +152,8 @@ def table(records: list[dict]) -> str:
 
 
 def write_report(results: str, readme: str | None = None) -> list[str]:
-    records = [r for r in load_records(results) if r.get("benchmark") == "prepare"]
+    with open(results) as f:
+        records = [r for r in map(json.loads, filter(str.strip, f)) if r.get("benchmark") == "prepare"]
     text = table(records)
     out = os.path.join(os.path.dirname(results), "PREPARE.md")
     with open(out, "w") as f:
