@@ -621,7 +621,7 @@ def _guarded(comm, directories: list[str], key: str, temporaries: tuple[str, ...
         return f"{what} was in phase '{monitor.phase}' on rank {comm.rank}" if monitor is not None else ""
 
     def leaves() -> str:
-        """Next: what the job leaves, measured within a bounded time."""
+        """Next: what the job leaves, found within a bounded time."""
         return _left_behind(directories) if monitor is not None else ""
 
     def halt(signal_name: str) -> None:

@@ -30,7 +30,7 @@ from .fsio import STATE_DIR, remove_quietly, write_atomic
 from .log import byte_amount
 
 _WRITE_EVERY_S = 1.0
-#: a phase's rate is measured over this many intervals (at least ``_RATE_WINDOW_S``), and from no
+#: a phase's rate is computed over this many intervals (at least ``_RATE_WINDOW_S``), and from no
 #: earlier than its first chunk's end: phases are declared before their work begins, and overlap
 _RATE_INTERVALS = 2
 _RATE_WINDOW_S = 10.0

@@ -29,7 +29,9 @@ from pathlib import Path
 
 SUPPORT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(SUPPORT))  # tests/: the ``support`` package
+sys.path.insert(0, os.path.dirname(os.path.dirname(SUPPORT)))  # the repository: ``benchmarks``
 
+from benchmarks.prepare import helpers_env  # noqa: E402
 from support.oracles import ROOT  # noqa: E402
 from support.record_megatron_main import cache_files, dumps, write_datasets  # noqa: E402
 from support.record_training_flags import REFS, git  # noqa: E402
@@ -65,15 +67,6 @@ CASES = {
                             "--global-batch-size", "16",
                             "--rampup-batch-size", "4", "4", "100", *_SIZES], 8),
 }
-
-
-def helpers_env(python: str) -> dict:
-    """What prepare_cache.py's own ``make`` of megatron/core/datasets' C++ helpers needs to build them
-    for ``python``: its ``python3`` first on the path (pybind11's includes), and its extension suffix
-    (the Makefile asks ``python3-config``, which a virtual environment does not have)."""
-    suffix = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))"],
-                            capture_output=True, text=True, check=True).stdout.strip()
-    return {"PATH": f"{os.path.dirname(python)}{os.pathsep}{os.environ['PATH']}", "MAKEFLAGS": f"LIBEXT={suffix}"}
 
 
 def without(words: list[str], flags) -> list[str]:
