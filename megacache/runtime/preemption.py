@@ -36,14 +36,19 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: filesystem (bounded in time; may be empty) and ``halt(signal_name)`` releases its locks and marks
 #: its rank record
 _jobs: list = []
-_stopping = threading.Lock()
+#: held by the thread stopping the process; reentrant, so that the same signal arriving again in
+#: that thread (Slurm repeats it, a rank's monitor relays a peer's) runs the handler nested and
+#: returns at once instead of waiting on itself
+_stopping = threading.RLock()
+_under_way = False
 _installed = 0
 _identity: dict = {}
 
 
 def stoppable_now() -> bool:
-    """Whether a signal would stop this process as described (within ``stoppable``)."""
-    return _installed > 0
+    """Whether a signal would stop this process as described (within ``stoppable``, and not
+    stopping already)."""
+    return _installed > 0 and not _under_way
 
 
 def register(job: tuple) -> None:
@@ -65,8 +70,12 @@ def _flush() -> None:
 
 
 def _stop(signum: int) -> None:
+    global _under_way
     if not _stopping.acquire(blocking=False):
         threading.Event().wait()  # the other thread is stopping the process: do nothing more meanwhile
+    if _under_way:
+        return  # a signal again, handled within this thread's stopping: that goes on
+    _under_way = True
     name = signal.Signals(signum).name
     # Rank 0 speaks first: the launcher may kill it once another rank has ended.
     # Where it was, from memory, before anything that touches the filesystem (which may be what

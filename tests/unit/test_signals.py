@@ -1,0 +1,44 @@
+"""The stop on SIGTERM, in one process: the same signal arriving again while the process stops
+(Slurm repeats it; a rank's monitor relays a peer's stop as the signal) lets the stop finish."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+PROGRAM = textwrap.dedent("""
+    import os, signal, sys, time
+    from megacache.runtime import preemption
+
+    # The main thread, busy in Python, runs the handler before the watcher thread gets the interpreter.
+    sys.setswitchinterval(1.0)
+    released = sys.argv[1]
+
+    def leaves():
+        os.kill(os.getpid(), signal.SIGTERM)  # the signal again, in the middle of the stop
+        time.sleep(0.2)
+        return "it leaves nothing"
+
+    def halt(name):
+        with open(released, "w") as f:
+            f.write(name)
+
+    with preemption.stoppable("test", 0):
+        preemption.register((lambda: "the test was busy", leaves, halt))
+        os.kill(os.getpid(), signal.SIGTERM)
+        while True:
+            pass
+""")
+
+
+def test_a_signal_again_while_stopping_lets_the_stop_finish(tmp_path):
+    released = tmp_path / "released"
+    job = subprocess.run([sys.executable, "-c", PROGRAM, str(released)], capture_output=True, text=True, timeout=20,
+                         env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert job.returncode == -signal.SIGTERM, (job.returncode, job.stderr)
+    assert "megacache test: stopped by SIGTERM: the test was busy. Nothing partial is published" in job.stderr
+    assert "megacache test: it leaves nothing" in job.stderr
+    assert released.read_text() == "SIGTERM"
