@@ -32,6 +32,9 @@ from ..formats.pbin import TOKEN_DTYPES, PbinWriter, is_pbin
 from ..runtime.fsio import (copy_range, fsync_dir, publish as publish_file, pwrite_all, remove_quietly, tmp_path,
                             write_new_file)
 from ..runtime.coordination import guarded, tidy
+from ..runtime.environment import upload_part_bytes
+from ..runtime.object_storage import S3, MultipartUpload, delete, upload_file, write_from
+from .scheduling import contiguous_shares
 from .publish import record_path
 
 #: tokens per block when a part's tokens change dtype on the way (convert)
@@ -277,6 +280,101 @@ def assemble_olmo(comm: Comm, path: str, dtype: np.dtype, counts: list[PartCount
 
     comm.on_root(publish, f"publishing {path}")
     return documents
+
+
+def upload_groups(sizes: list[int], target: int) -> list[list[int]]:
+    """Consecutive parts grouped in order, each group but the last at least ``target`` bytes, and
+    the last not empty where another group can take it (S3's rule for the parts of an upload)."""
+    groups, held = [[]], 0
+    for p, size in enumerate(sizes):
+        groups[-1].append(p)
+        held += size
+        if held >= target and p < len(sizes) - 1:
+            groups.append([])
+            held = 0
+    if len(groups) > 1 and not held:
+        groups[-2].extend(groups.pop())
+    return groups
+
+
+def assemble_object(comm: Comm, prefix: str, dtype: np.dtype, counts: list[PartCounts],
+                    tokens_at: Callable[[int], str], load: Callable[[int], Part], scratch: str,
+                    written: Callable[[int], None] = _untold) -> IndexLayout:
+    """Upload ``prefix.bin/.idx`` (objects) from ``counts`` and every part's tokens (the object
+    ``tokens_at(p)``): the ``.bin`` one multipart upload (``s3://``) whose parts are runs of
+    consecutive parts of about ``MEGACACHE_UPLOAD_PART_BYTES``, in output order, each uploaded by one
+    rank through a file in its local directory ``scratch``, and completed by rank 0; one upload by
+    rank 0 where a single such run holds them all (or for ``msc://``). Then rank 0 writes the
+    ``.idx`` (from ``load``: every part's index, one part at a time) and uploads it, so that an
+    ``.idx`` is never seen beside a ``.bin`` it does not describe: the old ``.idx`` goes first. On a
+    failure the multipart upload is aborted; one a killed job left is aborted by the next."""
+    dtype = np.dtype(dtype)
+    starts, (documents, sequences, tokens) = _offsets(counts)
+    layout = IndexLayout(dtype, sequences, documents + 1)
+    final_idx, final_bin = idx_path(prefix), bin_path(prefix)
+    sizes = [c.tokens * dtype.itemsize for c in counts]
+    groups = upload_groups(sizes, max(upload_part_bytes(), -(-sum(sizes) // MultipartUpload.MAX_PARTS)))
+    if not final_bin.startswith(S3):
+        groups = [list(range(len(counts)))]
+    owner = contiguous_shares([sum(sizes[p] for p in g) for g in groups], comm.size)
+
+    def begin() -> str | None:
+        delete([final_idx])
+        if final_bin.startswith(S3):
+            MultipartUpload.abort_unfinished(final_bin)
+        return MultipartUpload.start(final_bin).upload_id if len(groups) > 1 else None
+
+    upload_id = comm.on_root(begin, f"starting the upload of {final_bin}")
+    upload = None if upload_id is None else MultipartUpload(final_bin, upload_id)
+    try:
+        etags = {}
+        with comm.agreed(f"uploading {final_bin}"):
+            for g, members in enumerate(groups):
+                if owner[g] != comm.rank:
+                    continue
+                path = os.path.join(scratch, f"part-{g + 1}")
+                try:
+                    with open(path, "wb") as f:
+                        for p in members:
+                            write_from(tokens_at(p), sizes[p], f)
+                    if upload is None:
+                        upload_file(path, final_bin)
+                    else:
+                        etags[g] = upload.upload_part(g + 1, path)
+                finally:
+                    remove_quietly(path)
+                written(sum(counts[p].tokens for p in members))
+        for gathered in comm.allgather(etags):
+            etags.update(gathered)
+
+        def finish() -> None:
+            if upload is not None:
+                upload.complete([etags[g] for g in range(len(groups))])
+            index = os.path.join(scratch, "index")
+            IndexWriter.create(index, None, layout, 0)
+            try:
+                with IndexWriter.open(index, None, layout) as writer:
+                    for p in range(len(counts)):
+                        doc0, seq0, tok0 = (int(v) for v in starts[p])
+                        part = load(p)
+                        if len(part.sequence_lengths) != counts[p].sequences or \
+                                len(part.document_ends) != counts[p].documents:
+                            raise RuntimeError(f"part {p} does not match its recorded counts {counts[p]}")
+                        writer.write_sequences(seq0, part.sequence_lengths, tok0 * dtype.itemsize)
+                        writer.write_documents(doc0 + 1, part.document_ends + seq0)
+                upload_file(index, final_idx)
+            finally:
+                remove_quietly(index)
+
+        comm.on_root(finish, f"publishing {prefix}")
+    except BaseException:
+        if upload is not None and comm.rank == 0:
+            try:
+                upload.abort()  # after a completed upload, there is none to abort
+            except MegacacheError:
+                pass
+        raise
+    return layout
 
 
 def discard(output: str, tag: str) -> None:

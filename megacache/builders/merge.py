@@ -28,15 +28,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms.blocks import BLOCK, first_bad
+from ..runtime import object_storage
 from ..runtime.comm import Comm, SingleComm, get_comm
 from ..errors import MegacacheError
-from ..formats.datatrove import TOKEN_DTYPES as DS_DTYPES, DsFile, is_ds, loss_path
+from ..formats.datatrove import TOKEN_DTYPES as DS_DTYPES, DsFile, loss_path
 from ..formats.datatrove import token_size as ds_token_size
 from ..formats.indexed import IndexedDataset, bin_path, idx_path, optimal_dtype
-from ..formats.olmo import (TOKEN_DTYPES as OLMO_DTYPES, OlmoFile, check_eos, dtype_for_vocab, given_eos, given_width,
-                            is_olmo)
-from ..formats.pbin import (CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, expected_offsets, is_pbin,
-                            merge_bug_hint, token_size)
+from ..formats.olmo import TOKEN_DTYPES as OLMO_DTYPES, OlmoFile, check_eos, dtype_for_vocab, given_eos, given_width
+from ..formats.paths import DIRECTORY, format_of, named
+from ..formats.pbin import (CHECKPOINT_ITEMS, HEADER_SIZE, TOKEN_DTYPES, PackedFile, expected_offsets, merge_bug_hint,
+                            token_size)
 from ..runtime.progress import Progress
 from .assemble import Part, PartCounts, assemble, assemble_ds, assemble_olmo, assemble_pbin, discard, guarded_output
 from .scheduling import contiguous_shares
@@ -214,8 +215,8 @@ def _plan_files(comm: Comm, paths: list[str], plan_file, what: str
     with comm.agreed(f"reading the {what}"):
         mine = {j: plan_file(paths[j], j) for j in range(comm.rank, len(paths), comm.size)}
     planned: dict = {}
-    for part in comm.allgather(mine):
-        planned.update(part)
+    for from_rank in comm.allgather(mine):
+        planned.update(from_rank)
     order = range(len(paths))
     return ([planned[j][0] for j in order], [c for j in order for c in planned[j][1]],
             [c for j in order for c in planned[j][2]])
@@ -349,12 +350,6 @@ def _load_pbin(paths: list[str], opened: _Opened, chunk: Chunk, count: PartCount
                 token_file=paths[chunk.source], token_offset=HEADER_SIZE + start * f.token_size, token_dtype=f.dtype)
 
 
-def _kind(path: str) -> str:
-    """The format a path names: a ``.ds`` (datatrove), a ``.pbin`` (Modalities), a ``.npy`` (an OLMo
-    token file), else a Megatron prefix."""
-    return "ds" if is_ds(path) else "pbin" if is_pbin(path) else "olmo" if is_olmo(path) else "megatron"
-
-
 def _output_dtype(kind: str, source_kind: str, sources: list[str], dtypes: list[np.dtype], vocab_size: int | None,
                   chosen: np.dtype | None, verb: str) -> np.dtype:
     """The output's token dtype: ``chosen`` (merge's --dtype), else by its format's rule from
@@ -391,7 +386,7 @@ def _output_dtype(kind: str, source_kind: str, sources: list[str], dtypes: list[
 def part_name(output: str, k: int, n: int) -> str:
     """The name of part ``k`` of ``n`` of a ``--max-size`` output: ``OUT-00003-of-00012`` (a prefix),
     ``OUT-00003-of-00012.pbin`` / ``.ds`` / ``.npy``: names that sort in the parts' order."""
-    stem, suffix = (output[: -len(s)], s) if (s := _SUFFIXES.get(_kind(output))) else (output, "")
+    stem, suffix = (output[: -len(s)], s) if (s := _SUFFIXES.get(format_of(output))) else (output, "")
     return f"{stem}-{k:05d}-of-{n:05d}{suffix}"
 
 
@@ -415,7 +410,7 @@ def _copy(inputs: list[str], output: str, comm: Comm, chunk_bytes: int, verb: st
           eos_id: int | None = None, olmo_input_dtype: np.dtype | None = None,
           progress_interval_s: float | None = None) -> MergeResult:
     t0 = time.monotonic()
-    in_kind, out_kind = _kind(inputs[0]), _kind(output)
+    in_kind, out_kind = format_of(inputs[0]), format_of(output)
     planner = {"pbin": lambda p, j: _plan_pbin_file(p, j, chunk_bytes),
                "ds": lambda p, j: _plan_ds_file(p, j, chunk_bytes),
                "olmo": lambda p, j: _plan_olmo_file(p, j, chunk_bytes, olmo_input_dtype, eos_id),
@@ -522,10 +517,11 @@ def _matches(pattern: str) -> list[str]:
     for path in sorted(glob.glob(pattern) + glob.glob(pattern + ".idx")):
         if path.endswith(_COMPANIONS):
             continue
-        if os.path.isdir(path) and not os.path.isfile(idx_path(path)):
+        found = named(path)
+        if found.kind == DIRECTORY:
             out.update(dict.fromkeys(_folder(path)))
         else:
-            out[path[:-4] if path.endswith((".bin", ".idx")) else path] = None
+            out[found.path] = None
     if not out:
         raise MegacacheError(f"{pattern}: the pattern matches no dataset")
     return list(out)
@@ -547,7 +543,10 @@ def expand_inputs(paths: list[str], input_list: str | None = None) -> list[str]:
     # Inputs are only read while a job runs: judging a path before opening it is safe, and one
     # that vanishes after is reported when it is planned.
     for path in given:
-        if os.path.isdir(path) and not os.path.isfile(idx_path(path)):
+        if object_storage.is_object_storage(path):
+            raise MegacacheError(f"{object_storage.shown(path)}: merge and convert read datasets from local or shared "
+                                 "paths only; copy it from the bucket first (aws s3 cp, or msc's own copy)")
+        if named(path).kind == DIRECTORY:
             out += _folder(path)
         elif glob.has_magic(path) and not os.path.exists(path) and not os.path.exists(idx_path(path)):
             out += _matches(path)
@@ -567,7 +566,7 @@ def merge(inputs: list[str], output: str, comm: Comm | None = None, chunk_bytes:
     comm = comm or get_comm()
     inputs = comm.on_root(lambda: expand_inputs(inputs, input_list), "listing the inputs")
     _check_inputs(inputs, [output], "merge")
-    kinds = {_kind(p) for p in inputs + [output]}
+    kinds = {format_of(p) for p in inputs + [output]}
     if "olmo" in kinds:
         raise MegacacheError("merge: OLMo token files are not merged (OLMo-core takes a list of them; `cat` joins "
                              "them); megacache convert turns them into another format")
@@ -616,7 +615,7 @@ def convert(sources: str | list[str], output: str, comm: Comm | None = None, voc
             for j in range(comm.rank, len(inputs), comm.size):
                 mine.append(_convert([inputs[j]], outputs[j], SingleComm(), **options, progress_interval_s=0))
                 progress.add("converting", 1)
-    done = [r for part in comm.allgather(mine) for r in part]
+    done = [r for from_rank in comm.allgather(mine) for r in from_rank]
     order = {name: j for j, name in enumerate(outputs)}
     return MergeResult(output=output, documents=sum(r.documents for r in done),
                        sequences=sum(r.sequences for r in done), tokens=sum(r.tokens for r in done),
@@ -636,7 +635,7 @@ def per_file_names(inputs: list[str], pattern: str) -> list[str]:
     names = []
     for path in inputs:
         name = os.path.basename(path)
-        suffix = _SUFFIXES.get(_kind(path))
+        suffix = _SUFFIXES.get(format_of(path))
         names.append(pattern.replace("*", name[: -len(suffix)] if suffix else name))
     seen: dict[str, str] = {}
     for path, name in zip(inputs, names):
@@ -652,17 +651,17 @@ def _convert(inputs: list[str], output: str, comm: Comm, *, vocab_size: int | No
              progress_interval_s: float | None) -> MergeResult:
     """``convert`` of listed inputs into one ``output`` (or its parts)."""
     _check_inputs(inputs, [output], "convert")
-    kinds = {_kind(p) for p in inputs}
+    kinds = {format_of(p) for p in inputs}
     if len(kinds) > 1:
-        other = next(p for p in inputs if _kind(p) != _kind(inputs[0]))
+        other = next(p for p in inputs if format_of(p) != format_of(inputs[0]))
         raise MegacacheError(f"convert: the inputs must all be of one format, .pbin files, .ds files, OLMo .npy "
                              f"files or Megatron prefixes; {inputs[0]} and {other} "
                              "are not")
-    if _kind(inputs[0]) == _kind(output):
-        raise MegacacheError(f"convert: {inputs[0]} and {output} are in one format ({_NAMES[_kind(output)]}); give "
+    if format_of(inputs[0]) == format_of(output):
+        raise MegacacheError(f"convert: {inputs[0]} and {output} are in one format ({_NAMES[format_of(output)]}); give "
                              "the output in another: a path ending in .pbin (Modalities), in .ds (datatrove), in "
                              ".npy (OLMo), or a Megatron prefix (megacache merge copies within a format)")
-    in_kind, out_kind = _kind(inputs[0]), _kind(output)
+    in_kind, out_kind = format_of(inputs[0]), format_of(output)
     if "olmo" not in (in_kind, out_kind):
         if eos_id is not None or dtype is not None:
             raise MegacacheError("convert: --eos-id and --dtype are for OLMo token files (.npy), and neither the "

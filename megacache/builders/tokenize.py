@@ -10,13 +10,19 @@
    the final files, which are preallocated and filled in place by the units' owners, then renamed
    into place. Document order is input order whatever the rank count, so the bytes are too.
 4. Rank 0 records what each dataset was made from (``publish.write_record``): the inputs' paths,
-   sizes and modification times, and the settings that change its bytes.
+   sizes and modification times (an object's URL, size, ETag and modification time, from the
+   listing), and the settings that change its bytes.
 
 A dataset already at the output is never replaced silently: one whose record says it was made from
 these inputs and settings is kept as it is (nothing is written), any other (other inputs or
 settings, or no record: another tool's) is refused unless ``--overwrite`` is given. Rank 0 decides,
 for every rank; a work directory of this very run (an interrupted one) is resumed whatever is there,
 its run having been allowed to write the outputs.
+
+An output prefix in a bucket (``s3://``, ``msc://``; docs/object-storage.md) takes the same steps
+with objects: the units are uploaded to a work prefix beside the output, the ``.bin`` is assembled
+as one multipart upload by the ranks (``assemble.assemble_object``), the ``.idx`` and the record
+follow it. A bucket has no lock: nothing keeps two jobs from writing one prefix at once.
 
 ``--output-format pbin`` writes Modalities' ``.pbin`` instead (docs/modalities.md): the same units
 and assembly, tokens in its token size, and every document ending with EOD as its packer ends them.
@@ -27,13 +33,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from ..text.backends import DEFAULT_VERIFY_FRACTION, Disagreement, SampleCheck, select_backend
+from ..runtime import object_storage
 from ..runtime.comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..runtime.log import LOG
@@ -41,12 +52,12 @@ from ..formats.indexed import optimal_dtype
 from ..formats.pbin import SUFFIX as PBIN_SUFFIX, TOKEN_DTYPES, token_size
 from ..runtime.fsio import (gone, make_directories, publish, read_json, remove_quietly, remove_tree, tmp_path,
                             WORK_MARK, write_json_atomic, writing)
-from ..text.inputs import BadRecords, WorkUnit, expand_inputs, plan_units, read_unit
+from ..text.inputs import BadRecords, Source, WorkUnit, expand_inputs, plan_units, read_unit
 from ..runtime.coordination import Guard
 from ..runtime.progress import BYTES, Progress
 from ..text.tokenization import Tokenizer, load_tokenizer, require_tokenizer
-from .assemble import (Part, PartCounts, assemble, assemble_pbin, dataset_files, discard, guarded_output,
-                       tidy_output)
+from .assemble import (Part, PartCounts, assemble, assemble_object, assemble_pbin, dataset_files, discard,
+                       guarded_output, tidy_output)
 from .publish import read_record, size_and_time, write_record
 from .scheduling import contiguous_shares
 
@@ -103,8 +114,14 @@ class TokenizeConfig:
         return f"{self.output_prefix}_{key}_document" + (PBIN_SUFFIX if self.pbin else "")
 
     @property
+    def in_bucket(self) -> bool:
+        """Whether the output is objects (``s3://``, ``msc://``), its work units too."""
+        return object_storage.is_object_storage(self.output_prefix)
+
+    @property
     def work_dir(self) -> str:
-        """Hidden, so that an input directory holding the output never lists its files as input."""
+        """Hidden, so that an input directory holding the output never lists its files as input; for
+        a bucket output, a prefix beside it in the bucket."""
         head, tail = os.path.split(self.output_prefix)
         return os.path.join(head, f".{tail}{WORK_MARK}")
 
@@ -158,12 +175,10 @@ SETTINGS = {"json_keys": "--json-keys", "append_eod": "--append-eod", "tokenizer
 SHOWN = 5
 
 
-def _made_from(cfg: TokenizeConfig, paths: list[str], tok: Tokenizer, dtype: np.dtype) -> dict:
-    """What the outputs' bytes depend on: the inputs (by path, size and mtime) and ``SETTINGS``."""
-    inputs = []
-    for p in paths:
-        st = os.stat(p)
-        inputs.append([p, st.st_size, st.st_mtime_ns])
+def _made_from(cfg: TokenizeConfig, sources: list[Source], tok: Tokenizer, dtype: np.dtype) -> dict:
+    """What the outputs' bytes depend on: the inputs (by path, size and mtime; an object's ETag and
+    modification time in place of the mtime) as listed, and ``SETTINGS``."""
+    inputs = [[s.path, s.size, s.stamp] for s in sources]
     settings = {"json_keys": cfg.json_keys, "append_eod": cfg.append_eod, "tokenizer": tok.name,
                 "vocab_size": tok.vocab_size, "eod": tok.eod, "special_tokens": cfg.special_tokens,
                 "dtype": dtype.name, "skip_bad": cfg.skip_bad, "output_format": cfg.output_format}
@@ -254,14 +269,21 @@ def _finished_units(work_dir: str, fingerprint: str) -> list[int] | None:
     is read, not tested first: one that another node removed can still look present to this node's
     client for a moment."""
     try:
-        if read_json(os.path.join(work_dir, "fingerprint.json")).get("fingerprint") == fingerprint:
+        if object_storage.is_object_storage(work_dir):
+            if json.loads(object_storage.read(os.path.join(work_dir, "fingerprint.json"))).get("fingerprint") \
+                    == fingerprint:
+                return sorted(int(o.url[-12:-5]) for o in object_storage.listing(work_dir) if o.url.endswith(".done"))
+        elif read_json(os.path.join(work_dir, "fingerprint.json")).get("fingerprint") == fingerprint:
             return sorted(int(n[5:12]) for n in os.listdir(work_dir) if n.endswith(".done"))
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, object_storage.ObjectMissing):
         pass
     return None
 
 
 def _remove_work_dir(work_dir: str, tag: str) -> None:
+    if object_storage.is_object_storage(work_dir):
+        object_storage.delete([o.url for o in object_storage.listing(work_dir)])
+        return
     try:
         remove_tree(work_dir, tag)
     except OSError as exc:
@@ -272,6 +294,10 @@ def _remove_work_dir(work_dir: str, tag: str) -> None:
 def _start_work_dir(work_dir: str, fingerprint: str) -> None:
     """The work directory made afresh for this run (another run's removed)."""
     _remove_work_dir(work_dir, "stale")
+    if object_storage.is_object_storage(work_dir):
+        object_storage.upload_bytes(json.dumps({"fingerprint": fingerprint}).encode(),
+                                    os.path.join(work_dir, "fingerprint.json"))
+        return
     make_directories(work_dir)
     write_json_atomic(os.path.join(work_dir, "fingerprint.json"), {"fingerprint": fingerprint})
 
@@ -306,13 +332,14 @@ def _check_range(ids: np.ndarray, dtype: np.dtype, unit: WorkUnit, tok: Tokenize
 
 
 def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.dtype,
-                   progress: Progress, tag: str) -> dict:
-    """Tokenize one unit into its temporary part files; the unit's record for ``_publish_unit``.
+                   progress: Progress, tag: str, place: str) -> dict:
+    """Tokenize one unit into its temporary part files in the directory ``place``; the unit's record
+    for ``_publish_unit``.
     Where the guard finds the fast backend disagreeing with its reference, the unit is redone with
     the reference."""
     record = {"backend": tok.backend, "disagreement": None}
     try:
-        record.update(_write_unit(cfg, unit, tok, dtype, progress, tag))
+        record.update(_write_unit(cfg, unit, tok, dtype, progress, tag, place))
     except Disagreement as d:
         where = f"document {d.document + 1} of {unit.describe()}"
         if cfg.strict_backend:
@@ -323,28 +350,46 @@ def _tokenize_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: n
         LOG.warning(f"megacache tokenize: warning: {tok.backend} disagrees with {tok.reference.backend} on "
                     f"{where}; that unit is tokenized again with {tok.reference.backend}")
         record = {"backend": tok.reference.backend, "disagreement": where}
-        record.update(_write_unit(cfg, unit, tok.reference, dtype, progress, tag))
+        record.update(_write_unit(cfg, unit, tok.reference, dtype, progress, tag, place))
     return record
 
 
-def _publish_unit(cfg: TokenizeConfig, unit: WorkUnit, tag: str, record: dict) -> None:
-    """Publish a tokenized unit's part files, then its ``.done`` record. Mostly fsync waits: it runs
-    on a thread, beside the encoding of the next unit."""
+def _publish_unit(cfg: TokenizeConfig, unit: WorkUnit, tag: str, place: str, record: dict) -> None:
+    """Publish a tokenized unit's part files (from ``place``), then its ``.done`` record: renamed in
+    the work directory, or uploaded to the work prefix of a bucket output. Mostly fsync or upload
+    waits: it runs on a thread, beside the encoding of the next unit."""
     for key in cfg.json_keys:
         for kind in ("bin", "doclen"):
             final = _unit_name(cfg.work_dir, unit.index, f"{key}.{kind}")
-            publish(tmp_path(final, tag), final)
-    write_json_atomic(_unit_name(cfg.work_dir, unit.index, "done"), {"unit": asdict(unit), **record})
+            written = tmp_path(_unit_name(place, unit.index, f"{key}.{kind}"), tag)
+            if cfg.in_bucket:
+                try:
+                    object_storage.upload_file(written, final)
+                finally:
+                    remove_quietly(written)
+            else:
+                publish(written, final)
+    done = {"unit": asdict(unit), **record}
+    if cfg.in_bucket:
+        object_storage.upload_bytes(json.dumps(done).encode(), _unit_name(cfg.work_dir, unit.index, "done"))
+    else:
+        write_json_atomic(_unit_name(cfg.work_dir, unit.index, "done"), done)
+
+
+def _read_done(cfg: TokenizeConfig, index: int) -> dict:
+    path = _unit_name(cfg.work_dir, index, "done")
+    return json.loads(object_storage.read(path)) if cfg.in_bucket else read_json(path)
 
 
 def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.dtype,
-                progress: Progress, tag: str) -> dict:
-    """Encode one unit into its temporary part files: its counts, bad records and guard tally.
+                progress: Progress, tag: str, place: str) -> dict:
+    """Encode one unit into its temporary part files in ``place``: its counts, bad records and guard
+    tally.
     Raises Disagreement (the part files removed, its progress taken back) when the guard catches
     ``tok`` disagreeing with its reference."""
     bad = BadRecords()
-    parts = {k: (tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.bin"), tag),
-                 tmp_path(_unit_name(cfg.work_dir, unit.index, f"{k}.doclen"), tag)) for k in cfg.json_keys}
+    parts = {k: (tmp_path(_unit_name(place, unit.index, f"{k}.bin"), tag),
+                 tmp_path(_unit_name(place, unit.index, f"{k}.doclen"), tag)) for k in cfg.json_keys}
     counts = {k: [0, 0, 0] for k in cfg.json_keys}
     empty = dict.fromkeys(cfg.json_keys, 0)
     reported = {"done": 0, "docs": 0, "tokens": 0}
@@ -421,7 +466,10 @@ def _write_unit(cfg: TokenizeConfig, unit: WorkUnit, tok: Tokenizer, dtype: np.d
 
 
 def _load_part(cfg: TokenizeConfig, key: str, index: int) -> Part:
-    doclen = np.fromfile(_unit_name(cfg.work_dir, index, f"{key}.doclen"), dtype=np.int32)
+    """A finished unit's index, its tokens left where they are (a file, or an object)."""
+    doclen_path = _unit_name(cfg.work_dir, index, f"{key}.doclen")
+    doclen = (np.frombuffer(object_storage.read(doclen_path), dtype=np.int32) if cfg.in_bucket
+              else np.fromfile(doclen_path, dtype=np.int32))
     nonempty = doclen > 0
     return Part(sequence_lengths=doclen[nonempty], document_ends=np.cumsum(nonempty, dtype=np.int64),
                 token_file=_unit_name(cfg.work_dir, index, f"{key}.bin"))
@@ -439,12 +487,21 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
     if cfg.output_format not in OUTPUT_FORMATS:
         raise MegacacheError(f"--output-format {cfg.output_format!r}: expected one of {', '.join(OUTPUT_FORMATS)}")
     require_tokenizer(cfg.tokenizer, cfg.tokenizer_type, cfg.tokenizer_model, cfg.vocab_file, cfg.merge_file)
+    if cfg.in_bucket:
+        where = object_storage.ObjectPath.parse(cfg.output_prefix)
+        if not where.key or where.key.endswith("/"):
+            raise MegacacheError(f"--output-prefix {cfg.output_prefix}: name the datasets' prefix after the "
+                                 f"{'bucket' if where.scheme == object_storage.S3 else 'profile'} and folder "
+                                 f"(s3://BUCKET/DIR/NAME writes s3://BUCKET/DIR/NAME_text_document.bin/.idx)")
+        if cfg.pbin:
+            raise MegacacheError("--output-format pbin: a .pbin is written to a local --output-prefix only; "
+                                 "write it locally and upload it")
 
     def plan():
-        paths = expand_inputs(cfg.inputs)
-        return paths, plan_units(paths, cfg.unit_bytes)
+        sources = expand_inputs(cfg.inputs)
+        return sources, plan_units(sources, cfg.unit_bytes)
 
-    paths, units = comm.on_root(plan, "planning the inputs")
+    sources, units = comm.on_root(plan, "planning the inputs")
 
     with comm.agreed("loading the tokenizer"):
         threads = cfg.threads or _default_threads(comm)
@@ -454,20 +511,19 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
             raise MegacacheError(f"{flag}: {reference.name} has no end-of-document token; pass --eod-id")
         tok, backend = select_backend(reference, cfg.backend, threads, cfg.strict_backend)
     dtype = TOKEN_DTYPES[token_size(tok.vocab_size)] if cfg.pbin else optimal_dtype(tok.vocab_size)
-    made = comm.on_root(lambda: _made_from(cfg, paths, tok, dtype), "reading the inputs' sizes and times")
+    made = _made_from(cfg, sources, tok, dtype)
 
     outputs = [cfg.output_path(k) for k in cfg.json_keys]
     # Looked at first without the lock (a directory that is read-only too), then again holding it.
     records, _ = comm.on_root(lambda: _begin(cfg, made, None), "looking at the outputs there")
     if records is None:
-        with guarded_output(comm, cfg.output_prefix, outputs, f"megacache tokenize into {cfg.output_prefix}",
-                            work_dirs=[cfg.work_dir]) as guard:
+        with _output_guard(cfg, comm, outputs) as guard:
             guard.enter("looking at the outputs there")
             records, finished = comm.on_root(lambda: _begin(cfg, made, guard.job), "looking at the outputs there")
             if records is None:
                 reused = set(finished)
-                ordered, tokens, documents = _tokenize_locked(cfg, comm, paths, units, reused, tok, dtype, made,
-                                                              guard)
+                ordered, tokens, documents = _tokenize_locked(cfg, comm, sources, units, reused, tok, dtype,
+                                                              made, guard)
     if records is not None:
         return TokenizeResult(
             outputs=dict(zip(cfg.json_keys, outputs)), documents=records[cfg.json_keys[0]]["documents"],
@@ -488,6 +544,48 @@ def tokenize(cfg: TokenizeConfig, comm: Comm | None = None) -> TokenizeResult:
     )
 
 
+@dataclass
+class _Unguarded:
+    """A bucket output's stand-in for the lock on a local output: S3 has no lock, so nothing keeps a
+    second job from writing the same prefix at once (docs/object-storage.md); the job's tag only."""
+
+    job: str
+    directory: None = None
+
+    def enter(self, phase: str) -> None:
+        """No monitor follows the phases: the launcher stops the job where a rank fails."""
+
+
+def _output_guard(cfg: TokenizeConfig, comm: Comm, outputs: list[str]):
+    if cfg.in_bucket:
+        return _unguarded(cfg, comm)
+    return guarded_output(comm, cfg.output_prefix, outputs, f"megacache tokenize into {cfg.output_prefix}",
+                          work_dirs=[cfg.work_dir])
+
+
+@contextmanager
+def _unguarded(cfg: TokenizeConfig, comm: Comm):
+    """A bucket output's job: on a failure, rank 0 notes on the error what it leaves in the bucket."""
+    try:
+        yield _Unguarded(comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None))
+    except Exception as exc:
+        if comm.rank == 0:
+            try:
+                left = object_storage.listing(cfg.work_dir)
+            except MegacacheError:  # the store is gone: the error says so
+                left = []
+            if left:
+                exc.add_note(f"It leaves {len(left)} object(s) of its finished units under {cfg.work_dir}/: a rerun "
+                             f"of the same command resumes from them and removes them")
+        raise
+
+
+def _work_there(cfg: TokenizeConfig) -> bool:
+    if cfg.in_bucket:
+        return bool(object_storage.listing(cfg.work_dir))
+    return os.path.lexists(cfg.work_dir)
+
+
 def _begin(cfg: TokenizeConfig, made: dict, tag: str | None) -> tuple[dict[str, dict] | None, list[int]]:
     """What this run does (rank 0, for every rank): the outputs' records when every one is there as
     made from ``made`` (nothing to write); else the units that an interrupted run with these inputs
@@ -499,9 +597,9 @@ def _begin(cfg: TokenizeConfig, made: dict, tag: str | None) -> tuple[dict[str, 
     if len(existing.records) == len(cfg.json_keys):
         if tag is not None:
             _remove_work_dir(cfg.work_dir, tag)  # of a run stopped after its records
-        elif os.path.lexists(cfg.work_dir):
+        elif _work_there(cfg):
             return None, []
-        else:
+        elif not cfg.in_bucket:
             tidy_output(cfg.output_prefix, [cfg.output_path(k) for k in cfg.json_keys], [cfg.work_dir])
         return existing.records, []
     fingerprint = _fingerprint(cfg, made)
@@ -515,32 +613,45 @@ def _begin(cfg: TokenizeConfig, made: dict, tag: str | None) -> tuple[dict[str, 
     return None, []
 
 
-def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: list[WorkUnit], reused: set[int],
-                     tok: Tokenizer, dtype: np.dtype, made: dict, guard: Guard) -> tuple[list[dict], dict[str, int], int]:
-    """Tokenize, holding the output prefix's lock, the units ``reused`` finished already: every unit's
-    record, tokens per key, documents."""
-    tag = guard.job
-
+def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, sources: list[Source], units: list[WorkUnit],
+                     reused: set[int], tok: Tokenizer, dtype: np.dtype, made: dict,
+                     guard: Guard | _Unguarded) -> tuple[list[dict], dict[str, int], int]:
+    """Tokenize, holding the output prefix's lock (a local one), the units ``reused`` finished
+    already: every unit's record, tokens per key, documents."""
     owner = contiguous_shares([u.size for u in units], comm.size)
     mine = [u for u in units if owner[u.index] == comm.rank]
     if comm.rank == 0 and reused:
         LOG.info(f"megacache tokenize: resuming: {len(reused)} of {len(units)} units already done")
 
+    # A bucket output's units are written in a local scratch directory of each rank, then uploaded.
+    place = tempfile.mkdtemp(prefix="megacache-tokenize-") if cfg.in_bucket else cfg.work_dir
+    try:
+        return _tokenize_into(cfg, comm, sources, units, reused, tok, dtype, made, guard, mine, place)
+    finally:
+        if cfg.in_bucket:
+            shutil.rmtree(place, ignore_errors=True)
+
+
+def _tokenize_into(cfg: TokenizeConfig, comm: Comm, sources: list[Source], units: list[WorkUnit],
+                   reused: set[int], tok: Tokenizer, dtype: np.dtype, made: dict, guard: Guard | _Unguarded,
+                   mine: list[WorkUnit], place: str) -> tuple[list[dict], dict[str, int], int]:
+    """``_tokenize_locked``'s work, this rank's units ``mine`` written in the directory ``place``."""
+    tag = guard.job
     with Progress(comm, guard.directory, "tokenize", cfg.progress_interval_s) as progress:
         progress.phase("tokenizing", sum(u.size for u in units if u.index not in reused), BYTES, ("docs", "tokens"))
         guard.enter("tokenizing")
         with comm.agreed("tokenizing"), ThreadPoolExecutor(1) as publisher:
-            published = [publisher.submit(_publish_unit, cfg, unit, tag,
-                                          _tokenize_unit(cfg, unit, tok, dtype, progress, tag))
+            published = [publisher.submit(_publish_unit, cfg, unit, tag, place,
+                                          _tokenize_unit(cfg, unit, tok, dtype, progress, tag, place))
                          for unit in mine if unit.index not in reused]
             for done in published:
                 done.result()
 
         # Every unit's counts, in input order, on every rank; each rank reads only its own records.
-        records = {u.index: read_json(_unit_name(cfg.work_dir, u.index, "done")) for u in mine}
+        records = {u.index: _read_done(cfg, u.index) for u in mine}
         gathered: dict[int, dict] = {}
-        for part in comm.allgather(records):
-            gathered.update(part)
+        for from_rank in comm.allgather(records):
+            gathered.update(from_rank)
         ordered = [gathered[u.index] for u in units]
         documents = sum(r["counts"][cfg.json_keys[0]][0] for r in ordered)
         if documents == 0:
@@ -548,7 +659,7 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
             why = (f": all {skipped} record(s) were bad and skipped (--skip-bad), the first: "
                    + "; ".join(loc for r in ordered for loc in r["bad_first"][:MAX_BAD_LOCATIONS])
                    if skipped else " (the inputs hold no records)")
-            raise MegacacheError(f"no documents were read from {len(paths)} input file(s){why}; nothing was written")
+            raise MegacacheError(f"no documents were read from {len(sources)} input file(s){why}; nothing was written")
 
         tokens = {}
         progress.phase("writing", sum(r["counts"][key][2] for r in ordered for key in cfg.json_keys), "tokens")
@@ -558,6 +669,11 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
             counts = [PartCounts(*r["counts"][key]) for r in ordered]
             out = cfg.output_path(key)
             load = lambda i, key=key: _load_part(cfg, key, i)  # noqa: E731
+            if cfg.in_bucket:
+                assemble_object(comm, out, dtype, counts, lambda i, key=key: _unit_name(cfg.work_dir, i, f"{key}.bin"),
+                                load, place, written)
+                tokens[key] = sum(c.tokens for c in counts)
+                continue
             try:
                 if cfg.pbin:
                     assemble_pbin(comm, out, dtype.itemsize, counts, [u.index for u in mine], load, tag, written)
@@ -573,7 +689,7 @@ def _tokenize_locked(cfg: TokenizeConfig, comm: Comm, paths: list[str], units: l
             write_record(out, {"made_from": made, "documents": documents, "tokens": tokens[key],
                                "files": {os.path.basename(f): size_and_time(f) for f in dataset_files(out)}})
         # After the records: a job stopped before them is resumed, and writes them.
-        remove_tree(cfg.work_dir, tag)  # never done records whose parts are gone
+        _remove_work_dir(cfg.work_dir, tag)  # never done records whose parts are gone
 
     guard.enter("recording the outputs")
     comm.on_root(record, "recording the outputs")

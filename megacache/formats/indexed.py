@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import mmap
 import os
+import shutil
 import struct
+import tempfile
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 
 from ..errors import FormatError
+from ..runtime import object_storage
 from ..runtime.fsio import pread_into, pwrite_all, writing
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -93,9 +96,18 @@ class IndexLayout:
 
 
 def read_layout(path: str) -> IndexLayout:
-    """Read and check an ``.idx`` header; errors name the file and the field."""
+    """Read and check an ``.idx`` header (an object's in a bucket: by one ranged read, and its
+    size); errors name the file and the field."""
+    if object_storage.is_object_storage(path):
+        try:
+            size = object_storage.size(path)
+        except object_storage.ObjectMissing:
+            raise FormatError(f"{object_storage.shown(path)}: index file not found") from None
+        head = np.empty(min(size, HEADER_SIZE), dtype=np.uint8)
+        object_storage.read_into(path, 0, head)
+        return _layout_of(head.tobytes(), size, object_storage.shown(path))
     with _open_index(path) as f:
-        return _layout_of(f, path)
+        return _layout_of(f.read(HEADER_SIZE), os.fstat(f.fileno()).st_size, path)
 
 
 def _open_index(path: str):
@@ -105,9 +117,9 @@ def _open_index(path: str):
         raise FormatError(f"{path}: index file not found") from None
 
 
-def _layout_of(f, path: str) -> IndexLayout:
-    head = f.read(HEADER_SIZE)
-    size = os.fstat(f.fileno()).st_size
+def _layout_of(head: bytes, size: int, path: str) -> IndexLayout:
+    """The layout of an ``.idx`` of ``size`` bytes that starts with ``head``; ``path`` as the
+    errors name the file."""
     if len(head) < HEADER_SIZE:
         raise FormatError(f"{path}: truncated header ({len(head)} of {HEADER_SIZE} bytes)")
     if head[:9] != MAGIC:
@@ -148,14 +160,20 @@ class IndexedDataset:
 
     Opening refuses a ``.bin`` too short for the index's last sequence (an O(1) check: Megatron
     would load it and read past its end in training); ``check_bin_size=False`` leaves that to a
-    caller that checks every pointer itself (verify).
+    caller that checks every pointer itself (verify). A dataset in a bucket (``s3://``,
+    ``msc://``) is read from ``index_copy``, a local copy of its ``.idx`` (errors name the
+    object), and its ``.bin`` is asked for its size unless the caller knows it (``bin_size``);
+    its tokens are read by ranged requests for the bytes asked only (``ObjectArray``).
     """
 
-    def __init__(self, prefix: str, check_bin_size: bool = True):
+    def __init__(self, prefix: str, check_bin_size: bool = True, index_copy: str | None = None,
+                 bin_size: int | None = None):
         self.prefix = prefix
+        self.idx_file = index_copy or idx_path(prefix)
         # One open, mmap + frombuffer (not np.memmap): a blend opens thousands of datasets on every rank.
-        with _open_index(idx_path(prefix)) as f:
-            self.layout = lay = _layout_of(f, idx_path(prefix))
+        with _open_index(self.idx_file) as f:
+            self.layout = lay = _layout_of(f.read(HEADER_SIZE), os.fstat(f.fileno()).st_size,
+                                           object_storage.shown(idx_path(prefix)))
             idx = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
             last = _spans(f.fileno(), lay, [(lay.sequence_count - 1, lay.sequence_count)]) if lay.sequence_count else []
         self.sequence_lengths = idx[lay.lengths_offset : lay.pointers_offset].view(np.int32)
@@ -163,16 +181,18 @@ class IndexedDataset:
         self.document_indices = idx[lay.documents_offset : lay.idx_size].view(np.int64)
         binp = bin_path(prefix)
         try:
-            self.bin_size = os.stat(binp).st_size
-        except FileNotFoundError:
-            raise FormatError(f"{binp}: token file not found (its index {idx_path(prefix)} exists)") from None
+            self.bin_size = (bin_size if bin_size is not None else object_storage.size(binp)
+                             if object_storage.is_object_storage(binp) else os.stat(binp).st_size)
+        except (FileNotFoundError, object_storage.ObjectMissing):
+            raise FormatError(f"{object_storage.shown(binp)}: token file not found (its index {idx_path(prefix)} "
+                              f"exists)") from None
         if check_bin_size and last:
             end = last[0][1]
             if self.bin_size < end:
                 raise FormatError(
-                    f"{binp}: truncated: {self.bin_size} bytes, but its index {idx_path(prefix)} puts the last "
-                    f"sequence's tokens up to byte {end}; re-create the dataset (megacache verify {prefix} "
-                    f"locates the damage)")
+                    f"{object_storage.shown(binp)}: truncated: {self.bin_size} bytes, but its index {idx_path(prefix)} "
+                    f"puts the last sequence's tokens up to byte {end}; re-create the dataset (megacache verify "
+                    f"{prefix} locates the damage)")
 
     def span_bytes(self, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """For each non-empty sequence range ``[lo, hi)``: the ``.bin`` bytes from its first
@@ -182,7 +202,7 @@ class IndexedDataset:
         for lo, hi in ranges:
             if not 0 <= lo < hi <= len(self):
                 raise ValueError(f"{self.prefix}: sequences [{lo}, {hi}) are not a non-empty range of [0, {len(self)}]")
-        fd = os.open(idx_path(self.prefix), os.O_RDONLY)
+        fd = os.open(self.idx_file, os.O_RDONLY)
         try:
             return _spans(fd, self.layout, ranges)
         finally:
@@ -195,17 +215,20 @@ class IndexedDataset:
         if not 0 <= lo <= hi <= len(self):
             raise ValueError(f"{self.prefix}: sequences [{lo}, {hi}) outside [0, {len(self)}]")
         out = np.empty(hi - lo, dtype=np.int32)
-        fd = os.open(idx_path(self.prefix), os.O_RDONLY)
+        fd = os.open(self.idx_file, os.O_RDONLY)
         try:
             return pread_into(fd, out, self.layout.lengths_offset + 4 * lo)
         finally:
             os.close(fd)
 
     @cached_property
-    def tokens(self) -> np.ndarray:
-        """The ``.bin`` file's tokens, mapped on first use (index builds never read them)."""
-        # numpy cannot map an empty file; a dataset of only empty documents has one.
+    def tokens(self) -> np.ndarray | object_storage.ObjectArray:
+        """The ``.bin``'s tokens, mapped on first use (index builds never read them); in a bucket,
+        an ``ObjectArray``, whose slices are ranged reads."""
         binp = bin_path(self.prefix)
+        if object_storage.is_object_storage(binp):
+            return object_storage.ObjectArray(binp, self.layout.dtype, self.bin_size // self.layout.dtype.itemsize)
+        # numpy cannot map an empty file; a dataset of only empty documents has one.
         return np.memmap(binp, mode="r", dtype=self.layout.dtype) if self.bin_size else np.zeros(0, self.layout.dtype)
 
     @property
@@ -239,6 +262,47 @@ class IndexedDataset:
         return self.tokens[start:stop]
 
 
+class IndexCopies:
+    """Datasets opened to be read where they are: a local one in place; one in a bucket from a copy
+    of its ``.idx`` downloaded whole, once, into a temporary directory (under TMPDIR) that closing
+    removes, its ``.bin`` asked for its size once and its tokens read by ranged requests. A context."""
+
+    def __init__(self):
+        self._directory: str | None = None
+        self._copies: dict[str, str] = {}
+        self._bin_sizes: dict[str, int] = {}
+
+    def open(self, prefix: str, check_bin_size: bool = True) -> IndexedDataset:
+        """``IndexedDataset(prefix, check_bin_size)``, from the ``.idx``'s copy for a bucket's."""
+        if not object_storage.is_object_storage(prefix):
+            return IndexedDataset(prefix, check_bin_size)
+        if prefix not in self._copies:
+            if self._directory is None:
+                self._directory = tempfile.mkdtemp(prefix="megacache-idx-")
+            copy = object_storage.local_copy(idx_path(prefix), self._directory)
+            try:
+                object_storage.download(idx_path(prefix), copy)
+            except object_storage.ObjectMissing:
+                raise FormatError(f"{object_storage.shown(idx_path(prefix))}: index file not found") from None
+            self._copies[prefix] = copy
+        dataset = IndexedDataset(prefix, check_bin_size, self._copies[prefix], self._bin_sizes.get(prefix))
+        self._bin_sizes[prefix] = dataset.bin_size
+        return dataset
+
+    def close(self) -> None:
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
+        self._directory = None
+        self._copies.clear()
+        self._bin_sizes.clear()
+
+    def __enter__(self) -> "IndexCopies":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class IndexWriter:
     """An ``.idx`` (and its ``.bin``) preallocated at full size; ranks fill slices in place.
 
@@ -250,16 +314,20 @@ class IndexWriter:
         self.idx_fd, self.bin_fd = fds
 
     @classmethod
-    def create(cls, idx_file: str, bin_file: str, layout: IndexLayout, bin_size: int) -> None:
+    def create(cls, idx_file: str, bin_file: str | None, layout: IndexLayout, bin_size: int) -> None:
+        """Both files at full size; ``bin_file`` None: the ``.idx`` alone (its ``.bin`` is written
+        elsewhere)."""
         with writing(idx_file), open(idx_file, "wb") as f:
             f.write(layout.header_bytes())
             f.truncate(layout.idx_size)
-        with writing(bin_file), open(bin_file, "wb") as f:
-            f.truncate(bin_size)
+        if bin_file is not None:
+            with writing(bin_file), open(bin_file, "wb") as f:
+                f.truncate(bin_size)
 
     @classmethod
-    def open(cls, idx_file: str, bin_file: str, layout: IndexLayout) -> "IndexWriter":
-        return cls(idx_file, bin_file, layout, (os.open(idx_file, os.O_WRONLY), os.open(bin_file, os.O_WRONLY)))
+    def open(cls, idx_file: str, bin_file: str | None, layout: IndexLayout) -> "IndexWriter":
+        return cls(idx_file, bin_file, layout, (os.open(idx_file, os.O_WRONLY),
+                                                None if bin_file is None else os.open(bin_file, os.O_WRONLY)))
 
     def write_sequences(self, first: int, lengths: np.ndarray, first_byte: int) -> None:
         """Lengths of sequences ``first…`` and their pointers, starting at ``.bin`` byte ``first_byte``."""
@@ -290,8 +358,9 @@ class IndexWriter:
             with writing(self.idx_file):
                 os.close(self.idx_fd)
         finally:
-            with writing(self.bin_file):
-                os.close(self.bin_fd)
+            if self.bin_fd is not None:
+                with writing(self.bin_file):
+                    os.close(self.bin_fd)
 
     def __enter__(self) -> "IndexWriter":
         return self

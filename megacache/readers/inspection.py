@@ -22,13 +22,16 @@ from ..algorithms.splits import split_ranges
 from ..algorithms.blocks import BLOCK, first_bad
 from ..errors import MegacacheError
 from ..megatron.cache import ENTRY_FILES, SPLIT_NAMES, describe, description_hash
-from ..formats.datatrove import DsFile, is_ds
-from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
+from ..formats.datatrove import DsFile
+from ..formats.indexed import IndexCopies, idx_path, read_layout
 from ..formats.npy import load_npy, read_npy_layout
-from ..formats.olmo import OlmoFile, given_eos, given_width, is_olmo
-from ..formats.pbin import PackedFile, is_pbin
+from ..formats.olmo import OlmoFile, given_eos, given_width
+from ..formats import sft_packed
+from ..formats.paths import DIRECTORY, DS, MEGATRON, MISSING, OLMO, PBIN, SFT_PACKED, named, read_in_place
+from ..formats.pbin import PackedFile
 from ..megatron.tokenizer import tokenizer_flags, versions_of
 from ..megatron.versions import resolve
+from ..runtime.object_storage import is_object_storage
 
 ENTRY_NAME = re.compile(r"([0-9a-f]{32})-(GPTDataset|BlendedDataset)-(train|valid|test)-(.+)")
 #: datasets of a blend spelled out in its flags; longer blends are elided
@@ -50,18 +53,20 @@ class DatasetSummary:
 
 
 def inspect_dataset(prefix: str) -> DatasetSummary:
-    ds = IndexedDataset(prefix)
-    lengths = ds.sequence_lengths
-    sequences = len(ds)
-    tokens = int(lengths.sum(dtype=np.int64))
-    return DatasetSummary(
-        prefix=prefix, dtype=ds.dtype, sequences=sequences, documents=ds.num_documents, tokens=tokens,
-        min_length=int(lengths.min()) if sequences else 0,
-        mean_length=tokens / sequences if sequences else 0.0,
-        max_length=int(lengths.max()) if sequences else 0,
-        empty_sequences=sequences - int(np.count_nonzero(lengths)),
-        bin_size=ds.bin_size,
-    )
+    """A dataset's numbers, from its index (in a bucket: copied whole, once) and its ``.bin``'s size."""
+    with IndexCopies() as copies:
+        ds = copies.open(prefix)
+        lengths = ds.sequence_lengths
+        sequences = len(ds)
+        tokens = int(lengths.sum(dtype=np.int64))
+        return DatasetSummary(
+            prefix=prefix, dtype=ds.dtype, sequences=sequences, documents=ds.num_documents, tokens=tokens,
+            min_length=int(lengths.min()) if sequences else 0,
+            mean_length=tokens / sequences if sequences else 0.0,
+            max_length=int(lengths.max()) if sequences else 0,
+            empty_sequences=sequences - int(np.count_nonzero(lengths)),
+            bin_size=ds.bin_size,
+        )
 
 
 def format_dataset(s: DatasetSummary) -> str:
@@ -147,8 +152,6 @@ def read_entry(e: EntrySummary, count_whole_blends: bool = True) -> None:
         e.arrays[what] = (array.shape, array.dtype)
         if what == "sample_index.npy":
             e.samples = max(array.shape[0] - 1, 0)
-        elif what == "document_index.npy":
-            e.epochs = _epochs(e, array.shape[0])
         elif what == "dataset_index.npy":
             e.samples = len(array)
             counted_at = len(e.problems)
@@ -161,15 +164,26 @@ def read_entry(e: EntrySummary, count_whole_blends: bool = True) -> None:
         e.problems += later
 
 
-def _epochs(e: EntrySummary, document_index_length: int) -> int | None:
-    """Epochs of a GPTDataset entry, from its dataset's sequence count and split (None when the
-    dataset is not readable)."""
+def _epochs(e: EntrySummary, sequence_counts: dict[str, int | None]) -> int | None:
+    """Epochs of a read GPTDataset entry, from its dataset's sequence count and split (None when
+    the dataset is not readable). ``sequence_counts``: each dataset's, its index's header read once
+    for all its entries (one ranged read for a dataset in a bucket)."""
     ids = e.description if isinstance(e.description, dict) else {}
-    try:
-        lo, hi = split_range(ids, e.split_name, read_layout(idx_path(ids["dataset_path"])).sequence_count)
-    except (MegacacheError, KeyError, TypeError, IndexError, ValueError):
+    if "document_index.npy" not in e.arrays or "dataset_path" not in ids:
         return None
-    return document_index_length // (hi - lo) if hi > lo else None
+    path = str(ids["dataset_path"])
+    if path not in sequence_counts:
+        try:
+            sequence_counts[path] = read_layout(idx_path(path)).sequence_count
+        except MegacacheError:
+            sequence_counts[path] = None
+    if sequence_counts[path] is None:
+        return None
+    try:
+        lo, hi = split_range(ids, e.split_name, sequence_counts[path])
+    except (TypeError, IndexError, ValueError):
+        return None
+    return e.arrays["document_index.npy"][0][0] // (hi - lo) if hi > lo else None
 
 
 def split_range(ids: dict, split_name: str, n_sequences: int) -> tuple[int, int]:
@@ -226,8 +240,10 @@ def in_order(entries: list[EntrySummary]) -> list[EntrySummary]:
 
 def inspect_cache(directory: str) -> CacheSummary:
     cache = list_cache(directory)
+    sequence_counts: dict[str, int | None] = {}
     for e in cache.entries:
         read_entry(e)
+        e.epochs = _epochs(e, sequence_counts)
     cache.entries = in_order(cache.entries)
     return cache
 
@@ -404,25 +420,44 @@ def format_olmo(f: OlmoFile) -> str:
     ])
 
 
+def inspect_sft_packed(path: str) -> Report:
+    """A Megatron-Bridge packed SFT file, read without unpickling; a damaged one is refused
+    (FormatError), its rows' problems are the report's."""
+    rows = sft_packed.read_packed(path)
+    tokens = np.diff(rows.token_offsets)
+    kind = "Parquet" if sft_packed.is_parquet(path) else ".npy of pickled rows, read without unpickling"
+    text = "\n".join([
+        f"packed SFT file {path} (Megatron-Bridge, {kind})",
+        f"  {rows.packs:,} packs, {rows.examples:,} examples, {rows.tokens:,} tokens; "
+        f"{int(np.count_nonzero(rows.loss_mask)):,} in the loss",
+        f"  pack length min {int(tokens.min()) if rows.packs else 0:,} / mean "
+        f"{rows.tokens / rows.packs if rows.packs else 0:,.2f} / max {rows.longest:,}; examples per pack max "
+        f"{int(np.diff(rows.place_offsets).max()) if rows.packs else 0:,}",
+    ])
+    problems = sft_packed.problems(path, rows)
+    return Report("\n".join([text, *(f"  problem: {p}" for p in problems)]), problems)
+
+
 def inspect_path(path: str, megatron_version: str | None = None, eos_id: int | None = None,
                  dtype: str | None = None) -> Report:
-    """A ``.pbin``, ``.ds`` or OLMo (``.npy``, of ``dtype`` ids ending documents with ``eos_id``)
-    file, a dataset prefix (``PATH.idx`` exists, or PATH names the ``.idx``/``.bin``) or a cache
-    directory (its tokenizer identities read as ``megatron_version``'s flags; default as
+    """A packed SFT file, a ``.pbin``, ``.ds`` or OLMo (``.npy``, of ``dtype`` ids ending documents
+    with ``eos_id``) file, a dataset prefix or a cache directory, as ``formats.paths.named`` tells
+    them apart (a cache's tokenizer identities read as ``megatron_version``'s flags; default as
     ``versions.resolve``)."""
-    if is_pbin(path):
+    found = read_in_place(named(path))
+    if found.kind == SFT_PACKED:
+        return inspect_sft_packed(path)
+    if found.kind == PBIN:
         return Report(format_pbin(path), [])
-    if is_ds(path):
+    if found.kind == DS:
         return Report(format_ds(path), [])
-    if is_olmo(path):
+    if found.kind == OLMO:
         return Report(format_olmo(OlmoFile(path, given_width(f"inspect: {path}", dtype, None),
                                            given_eos(eos_id, "inspect"))), [])
-    # Judged before it is read (inspect only reads): a path that changes after is read as it then is.
-    prefix = path[:-4] if path.endswith((".idx", ".bin")) and os.path.isfile(path) else path
-    # Checked before the directory case: Megatron's default cache dir makes the prefix a directory too.
-    if os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)):
-        return Report(format_dataset(inspect_dataset(prefix)), [])
-    if os.path.isdir(path):
+    # a prefix missing from its bucket too: the error of its index's download names the bucket and key
+    if found.kind == MEGATRON or (found.kind == MISSING and is_object_storage(path)):
+        return Report(format_dataset(inspect_dataset(found.path)), [])
+    if found.kind == DIRECTORY:
         cache = inspect_cache(path)
         return Report(format_cache(cache, resolve(megatron_version)), cache.problems)
     raise MegacacheError(f"{path}: not a dataset prefix (no {path}.idx) nor a cache directory")

@@ -15,7 +15,8 @@ from typing import Callable
 import numpy as np
 
 from ..algorithms.blocks import BLOCK, first_bad
-from ..algorithms.gpt_index import GPTIndexPlan
+from ..algorithms.checks import integer
+from ..algorithms.gpt_index import INT32_MAX, GPTIndexPlan
 from ..algorithms.verification import (
     BlendSlice,
     blend_verdict,
@@ -28,32 +29,38 @@ from ..algorithms.verification import (
 from ..builders.gpt import array_shapes
 from ..errors import FormatError, MegacacheError
 from ..formats.datatrove import DsFile
-from ..formats.indexed import IndexedDataset, bin_path, idx_path, read_layout
+from ..formats.indexed import IndexCopies, IndexedDataset, bin_path, idx_path, read_layout
 from ..formats.npy import load_npy
-from ..formats.olmo import OlmoFile
+from ..formats.olmo import OlmoFile, given_eos, given_width
+from ..formats import sft_packed
+from ..formats.paths import DIRECTORY, DS, OLMO, PBIN, SFT_PACKED, Named, named, read_in_place
 from ..formats.pbin import PackedFile, expected_offsets
 from ..megatron.cache import describe, description_hash
 from ..megatron.tokenizer import versions_of
 from ..megatron.versions import resolve
 from ..runtime.comm import Comm, SingleComm
 from ..runtime.fsio import pread_into, read_ahead
+from ..runtime.object_storage import ObjectArray, is_object_storage
 from ..runtime.progress import BYTES, Progress, quiet
 from .inspection import count_blend, in_order, list_cache, read_entry, split_range, tokenizer_note
 
 
 
 def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: bool = True) -> list[str]:
-    """Every problem found (empty when the dataset is sound). Each names the file and the element."""
+    """Every problem found (empty when the dataset is sound). Each names the file and the element.
+    A dataset in a bucket is read where it is (``IndexCopies``)."""
+    with IndexCopies() as copies:
+        return _dataset_problems(copies, prefix, vocab_size, check_tokens)
+
+
+def _dataset_problems(copies: IndexCopies, prefix: str, vocab_size: int | None, check_tokens: bool) -> list[str]:
     try:
-        ds = IndexedDataset(prefix, check_bin_size=False)  # checked below, after every pointer
+        ds = copies.open(prefix, check_bin_size=False)  # checked below, after every pointer
     except FormatError as exc:
         return [str(exc)]
     problems: list[str] = []
     lay, idxf, binf = ds.layout, idx_path(prefix), bin_path(prefix)
     S, item = lay.sequence_count, lay.dtype.itemsize
-    extra = os.path.getsize(idxf) - lay.idx_size
-    if extra:
-        problems.append(f"{idxf}: {extra} unexpected trailing bytes after the document indices")
 
     docs = ds.document_indices
     if docs[0] != 0:
@@ -94,9 +101,9 @@ def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: boo
     return problems
 
 
-def _vocabulary_problems(path: str, tokens: np.ndarray, vocab_size: int | None) -> list[str]:
-    """The first token of ``tokens`` (a mapped array) outside the vocabulary, if any, by position;
-    nothing is checked without a vocabulary size."""
+def _vocabulary_problems(path: str, tokens: np.ndarray | ObjectArray, vocab_size: int | None) -> list[str]:
+    """The first token of ``tokens`` (a mapped array, or an object's read a block at a time)
+    outside the vocabulary, if any, by position; nothing is checked without a vocabulary size."""
     for a in range(0, len(tokens) if vocab_size is not None else 0, BLOCK):
         block = np.asarray(tokens[a : a + BLOCK])
         bad = first_bad((block < 0) | (block >= vocab_size))
@@ -172,10 +179,23 @@ def verify_olmo(path: str, dtype: np.dtype, eos_id: int, vocab_size: int | None 
                 "OLMo token file)")
 
 
-def summarize_dataset(prefix: str) -> str:
-    ds = IndexedDataset(prefix)
+def verify_sft_packed(path: str) -> tuple[list[str], str]:
+    """Every problem of a Megatron-Bridge packed SFT file (none when sound) and its summary line:
+    read without unpickling (``formats.sft_packed``), every pack's loss mask and seq_start_id checked."""
+    try:
+        rows = sft_packed.read_packed(path)
+    except FormatError as exc:
+        return [str(exc)], ""
+    problems = sft_packed.problems(path, rows)
+    if problems:
+        return problems, ""
+    return [], (f"{path}: {rows.packs:,} packs, {rows.examples:,} examples, {rows.tokens:,} tokens, longest pack "
+                f"{rows.longest:,} (Megatron-Bridge packed SFT)")
+
+
+def summarize_dataset(ds: IndexedDataset) -> str:
     tokens = int(ds.bin_size // ds.dtype.itemsize)
-    return (f"{prefix}: {ds.num_documents:,} documents, {len(ds):,} sequences, {tokens:,} tokens "
+    return (f"{ds.prefix}: {ds.num_documents:,} documents, {len(ds):,} sequences, {tokens:,} tokens "
             f"({ds.dtype.name})")
 
 
@@ -223,12 +243,12 @@ def verify_cache(directory: str, megatron_version: str | None = None, comm: Comm
     verdicts = {}
     progress.phase("cache entries", sum(_size(e) for e in alone), BYTES)
     progress.phase("blend draws", sum(e.arrays["dataset_index.npy"][0][0] for e in sliced), "samples")
-    with comm.agreed("checking the cache entries"):
+    with comm.agreed("checking the cache entries"), IndexCopies() as copies:
         owned = [e for e, owner in zip(alone, _owners(alone, comm.size)) if owner == comm.rank]
         for i, e in enumerate(owned):
             if i + 1 < len(owned):
                 _read_ahead(owned[i + 1])  # read while this one is checked
-            verdicts[_key(e)] = _verify_entry(e, gpt, version)
+            verdicts[_key(e)] = _verify_entry(e, gpt, version, copies)
             progress.add("cache entries", _size(e))
     for e in sliced:
         verdicts[_key(e)] = _verify_blend_slices(e, gpt, comm, progress.counter("blend draws"))
@@ -242,6 +262,8 @@ def _read_ahead(e) -> None:
     for what in e.arrays:
         read_ahead(e.path(what))
     path = e.description.get("dataset_path") if isinstance(e.description, dict) else None
+    if is_object_storage(str(path)):
+        return  # its index is copied from the bucket when the entry is checked
     try:
         layout = read_layout(idx_path(str(path)))
     except MegacacheError:
@@ -269,13 +291,13 @@ def _owners(entries: list, ranks: int) -> list[int]:
     return owners
 
 
-def _verify_entry(e, gpt: dict, version: str) -> EntryVerdict:
+def _verify_entry(e, gpt: dict, version: str, copies: IndexCopies) -> EntryVerdict:
     if e.class_name == "BlendedDataset" and e.whole:  # not counted when read (read_entry)
         count_blend(e, load_npy(e.path("dataset_index.npy")))
     v = EntryVerdict(e.hash, e.class_name, e.split_name, problems=list(e.problems))
     # Deeper checks need every array readable and a description to check them against.
     if e.whole and e.class_name == "GPTDataset":
-        _verify_gpt(e, v)
+        _verify_gpt(e, v, copies)
         tokenizer = e.description.get("tokenizer")
         others = versions_of(tokenizer) if isinstance(tokenizer, dict) else []
         if others and version not in others:
@@ -301,15 +323,22 @@ def _matching_plans(e, lengths: np.ndarray, split_range: tuple[int, int], shapes
     drop_lasts = (True, False) if e.split_name == "valid" else (True,)
     if len(lengths) == 0:  # megatron-core builds no GPTDataset on an empty dataset
         return []
+    try:  # the description's sequence length: a plan of Megatron's has one within int32
+        seq_length = integer("sequence_length", ids.get("sequence_length"), 1, INT32_MAX)
+    except MegacacheError:
+        return []
     # The lengths are read once, not once per setting tried (each a pass over the whole dataset).
     beg, end = split_range
     tokens, longest = int(np.sum(lengths[beg:end], dtype=np.int64)), int(np.max(lengths))
     plans = []
     for x in (1, 0):
         for drop_last in drop_lasts:
+            if seq_length + x > INT32_MAX:
+                continue
             try:
-                p = GPTIndexPlan.from_counts(end - beg, tokens, longest, ids.get("num_samples"),
-                                             ids.get("sequence_length"), x, drop_last)
+                p = GPTIndexPlan.from_counts(num_documents=end - beg, tokens_per_epoch=tokens,
+                                             num_samples=ids.get("num_samples"), seq_length=seq_length,
+                                             add_extra_token=x, drop_last=drop_last, longest_document=longest)
             except MegacacheError:
                 continue
             if shapes == {what: (shape, dtype) for what, (dtype, shape) in array_shapes(p).items()}:
@@ -317,7 +346,7 @@ def _matching_plans(e, lengths: np.ndarray, split_range: tuple[int, int], shapes
     return plans
 
 
-def _verify_gpt(e, v: EntryVerdict) -> None:
+def _verify_gpt(e, v: EntryVerdict, copies: IndexCopies) -> None:
     ids = e.description
     doc_path, sample_path, shuffle_path = (e.path(w) for w in ("document_index.npy", "sample_index.npy",
                                                                "shuffle_index.npy"))
@@ -333,7 +362,7 @@ def _verify_gpt(e, v: EntryVerdict) -> None:
         v.problems += bad_dtypes
         return
     try:
-        dataset = IndexedDataset(str(ids["dataset_path"]))
+        dataset = copies.open(str(ids["dataset_path"]))
     except (MegacacheError, KeyError) as exc:
         v.problems.append(f"{e.path('description.txt')}: its dataset cannot be read ({exc}); run verify where "
                           f"the description's dataset_path resolves")
@@ -520,3 +549,75 @@ def _blocks(files, lo: int, hi: int):
     finally:
         for fd in fds:
             os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# The paths given to ``megacache verify``
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One dataset's or cache entry's outcome: its name, its summary line when sound, else its
+    problems."""
+
+    name: str
+    summary: str
+    problems: list[str]
+
+
+def _check_dataset(found: Named, vocab_size: int | None, dtype: str | None, eos_id: int | None) -> Verdict:
+    path = found.path
+    if found.kind in (PBIN, DS):
+        problems, summary = (verify_ds if found.kind == DS else verify_pbin)(path, vocab_size=vocab_size)
+        return Verdict(path, summary, problems)
+    if found.kind == SFT_PACKED:
+        return Verdict(path, *reversed(verify_sft_packed(path)))
+    if found.kind == OLMO:
+        problems, summary = verify_olmo(path, given_width(f"verify: {path}", dtype, vocab_size),
+                                        given_eos(eos_id, "verify"), vocab_size=vocab_size)
+        return Verdict(path, summary, problems)
+    with IndexCopies() as copies:  # a MISSING one's problem says what is missing
+        problems = _dataset_problems(copies, path, vocab_size, check_tokens=True)
+        return Verdict(path, "" if problems else summarize_dataset(copies.open(path)), problems)
+
+
+def verify_paths(paths: list[str], megatron_version: str | None = None, comm: Comm | None = None, *,
+                 vocab_size: int | None = None, dtype: str | None = None, eos_id: int | None = None,
+                 progress_interval_s: float | None = None,
+                 report: Callable[[Verdict], None] | None = None) -> list[Verdict]:
+    """The verdicts on ``paths`` (as ``formats.paths.named`` reads them: datasets of any format, cache
+    directories checked by ``verify_cache`` as ``megatron_version``), in order, a cache directory's
+    entries in inspect's order, one failing verdict for a directory without entries. ``vocab_size``
+    as ``verify_dataset``'s; ``dtype`` and ``eos_id`` describe OLMo files. ``report`` is called with
+    each verdict as soon as it is known, in that order.
+
+    Collective over ``comm``'s ranks: they share out the datasets, then check each cache together;
+    every rank returns every verdict. ``progress_interval_s``: seconds between progress lines on
+    stderr (``runtime.progress``; None: its default, 0: none)."""
+    comm = comm or SingleComm()
+    report = report or (lambda verdict: None)
+    found = comm.on_root(lambda: [read_in_place(named(path)) for path in paths], "finding the caches")
+    datasets = [i for i, f in enumerate(found) if f.kind != DIRECTORY]
+    # the ranks' progress files go beside the first path, unless it is in a bucket
+    first = (paths[0] if found[0].kind == DIRECTORY else None if is_object_storage(paths[0]) else
+             os.path.dirname(os.path.abspath(paths[0])))
+    verdicts = []
+    with Progress.beside(comm, first, "verify", progress_interval_s) as progress:
+        progress.phase("datasets", len(datasets), "datasets")
+        with comm.agreed("checking the datasets"):
+            mine = {}
+            for i in datasets[comm.rank :: comm.size]:
+                mine[i] = _check_dataset(found[i], vocab_size, dtype, eos_id)
+                progress.add("datasets", 1)
+        checked = {i: v for part in comm.allgather(mine) for i, v in part.items()}
+        for i, path in enumerate(paths):
+            if i in checked:
+                ours = [checked[i]]
+            else:
+                entries = verify_cache(path, megatron_version, comm, progress)
+                ours = ([Verdict(v.title, f"{v.title}: {v.summary}", v.problems) for v in entries] or
+                        [Verdict(path, "", [f"{path}: no cache entries in this directory"])])
+            for verdict in ours:
+                report(verdict)
+            verdicts += ours
+    return verdicts

@@ -1,4 +1,7 @@
 """Input files of ``megacache tokenize``: finding them, cutting them into work units, reading units.
+An input may be a file or an object in a bucket (``s3://``, ``msc://``): an object is listed once,
+its size taken from the listing, and read by ranged requests of the version listed, a unit's bytes
+as a file's.
 
 Work units are defined by the data alone, never by the rank count, so every rank count produces the
 same documents in the same order:
@@ -21,6 +24,7 @@ messages are 1-based and count from the start of the file.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import gzip
@@ -36,6 +40,8 @@ from typing import Callable, Iterator
 import msgspec
 
 from ..errors import InputError, MegacacheError
+from ..formats.paths import objects_named
+from ..runtime import object_storage
 
 # suffix -> (format, compression); matched against the lower-cased file name.
 _SUFFIXES = {
@@ -67,14 +73,48 @@ _MAX_LISTED_KEYS = 10
 
 
 @dataclass(frozen=True)
+class Source:
+    """An input as listed: a file or an object, and its version, a file's modification time (ns) or
+    an object's ETag and modification time."""
+
+    path: str                 # absolute path, or the object's URL
+    size: int
+    stamp: int | dict
+
+    @classmethod
+    def of_file(cls, path: str) -> "Source":
+        st = os.stat(path)
+        return cls(path, st.st_size, st.st_mtime_ns)
+
+    @classmethod
+    def of_object(cls, listed: object_storage.Listed) -> "Source":
+        return cls(listed.url, listed.size, {"etag": listed.etag, "modified": listed.modified})
+
+    @property
+    def in_bucket(self) -> bool:
+        return object_storage.is_object_storage(self.path)
+
+    def open(self, end: int = 0):
+        """The input's bytes as an unbuffered binary file: an object's by ranged requests of the
+        version listed, a read before ``end`` streaming on to ``end`` (``ObjectReader``)."""
+        if self.in_bucket:
+            return object_storage.ObjectReader(self.path, self.size, self.stamp["etag"] or None, end)
+        return open(self.path, "rb", buffering=0)
+
+
+@dataclass(frozen=True)
 class WorkUnit:
     index: int                # global position in input order (0..)
-    path: str
+    source: Source
     fmt: str                  # "jsonl" | "txt" | "parquet"
     compression: str | None   # None | "gz" | "zst"
     start: int                # plain files: first byte offset; parquet: first row group; compressed: 0
     stop: int                 # plain: end byte offset (exclusive); parquet: end row group; compressed: file size
     size: int                 # on-disk bytes this unit covers (used for load balance and progress)
+
+    @property
+    def path(self) -> str:
+        return self.source.path
 
     def describe(self) -> str:
         """Where the unit lies, for messages."""
@@ -143,18 +183,22 @@ def _check_file(path: str, pattern: str) -> str:
     return path
 
 
-def expand_inputs(patterns: list[str]) -> list[str]:
-    """Files named by ``patterns`` (files, directories searched recursively, globs with ``**``):
-    their union as absolute paths, de-duplicated and sorted naturally (shard_2 before shard_10).
+def expand_inputs(patterns: list[str]) -> list[Source]:
+    """Files named by ``patterns`` (files, directories searched recursively, globs with ``**``; the
+    same in buckets: ``_objects``): their union by absolute path or URL, de-duplicated and sorted
+    naturally (shard_2 before shard_10).
 
     Inside a directory, files of other types are ignored; a file named or matched directly must be
     of a supported type."""
     if not patterns:
         raise MegacacheError("--input: give at least one file, directory or glob")
-    found: set[str] = set()
+    found: dict[str, Source] = {}
     # Inputs are only read while a job runs: judging a path before opening it is safe, and one
     # that vanishes after is reported when its unit opens it.
     for pattern in patterns:
+        if object_storage.is_object_storage(pattern):
+            found.update((s.path, s) for s in _objects(pattern))
+            continue
         if os.path.isdir(pattern):
             files = _walk(pattern)
             if not files:
@@ -172,49 +216,71 @@ def expand_inputs(patterns: list[str]) -> list[str]:
                 raise MegacacheError(f"{pattern}: the pattern matches no input files; supported: {SUPPORTED}")
         else:
             raise MegacacheError(f"{pattern}: no such file or directory")
-        found.update(os.path.abspath(f) for f in files)
-    return sorted(found, key=_natural_key)
+        found.update((path, Source.of_file(path)) for path in map(os.path.abspath, files))
+    return [found[path] for path in sorted(found, key=_natural_key)]
 
 
-def plan_units(paths: list[str], unit_bytes: int) -> list[WorkUnit]:
-    """Cut ``paths`` (in this order) into work units of about ``unit_bytes`` on-disk bytes each.
+def _objects(pattern: str) -> list[Source]:
+    """The input objects an ``s3://`` or ``msc://`` path or glob names (``formats.paths``), as a
+    local one names files: under a prefix, hidden ones and those of other types left out."""
+    where = object_storage.ObjectPath.parse(pattern)
+    is_glob = glob.has_magic(where.key)
+    found = objects_named(pattern)
+    if not found:
+        raise MegacacheError(f"{where}: the pattern matches nothing" if is_glob else
+                             f"{where}: bucket {where.bucket!r} has no object {where.key!r} and none under it")
+    sources = []
+    for f in found:
+        if f.within and (not input_format(f.within) or any(name.startswith(".") for name in f.within.split("/"))):
+            continue
+        _check_file(f.object.url, pattern)
+        sources.append(Source.of_object(f.object))
+    if not sources:
+        raise MegacacheError(f"{where}: the pattern matches no input objects; supported: {SUPPORTED}" if is_glob else
+                             f"{where}: no input objects under it; supported: {SUPPORTED}")
+    return sources
+
+
+def plan_units(sources: list[Source], unit_bytes: int) -> list[WorkUnit]:
+    """Cut ``sources`` (in this order) into work units of about ``unit_bytes`` on-disk bytes each.
     Every file gets at least one unit, so that an empty file is reported by its reader."""
     if unit_bytes < 1:
         raise MegacacheError(f"unit size must be at least 1 byte, got {unit_bytes}")
     units: list[WorkUnit] = []
 
-    def add(path, fmt, comp, start, stop, size):
-        units.append(WorkUnit(len(units), path, fmt, comp, start, stop, size))
+    def add(source, fmt, comp, start, stop, size):
+        units.append(WorkUnit(len(units), source, fmt, comp, start, stop, size))
 
-    for path in paths:
-        kind = input_format(path)
+    for source in sources:
+        kind = input_format(source.path)
         if kind is None:
-            _check_file(path, path)
+            _check_file(source.path, source.path)
         fmt, comp = kind
-        size = os.path.getsize(path)
+        size = source.size
         if fmt == "parquet":
-            sizes = _row_group_sizes(path)
+            sizes = _row_group_sizes(source)
             first, acc = 0, 0
             for g, s in enumerate(sizes):
                 acc += s
                 if acc >= unit_bytes or g == len(sizes) - 1:
-                    add(path, fmt, comp, first, g + 1, acc)
+                    add(source, fmt, comp, first, g + 1, acc)
                     first, acc = g + 1, 0
             if not sizes:
-                add(path, fmt, comp, 0, 0, 0)
+                add(source, fmt, comp, 0, 0, 0)
         elif comp is not None:
-            add(path, fmt, comp, 0, size, size)
+            add(source, fmt, comp, 0, size, size)
         else:
             for start in range(0, max(size, 1), unit_bytes):
                 stop = min(start + unit_bytes, size)
-                add(path, fmt, comp, start, stop, stop - start)
+                add(source, fmt, comp, start, stop, stop - start)
     return units
 
 
-def _row_group_sizes(path: str) -> list[int]:
+def _row_group_sizes(source: Source) -> list[int]:
     import pyarrow.parquet as pq
 
-    meta = pq.read_metadata(path)
+    with _parquet(source) as f:
+        meta = pq.read_metadata(f)
     return [sum(rg.column(c).total_compressed_size for c in range(rg.num_columns))
             for rg in (meta.row_group(g) for g in range(meta.num_row_groups))]
 
@@ -304,10 +370,10 @@ def _first_line(f, start: int) -> tuple[int, bytes]:
         pos += len(data)
 
 
-def _count_newlines(path: str, stop: int) -> int:
-    """Newlines in the first ``stop`` bytes of ``path``: only needed to number a bad line."""
+def _count_newlines(source: Source, stop: int) -> int:
+    """Newlines in the first ``stop`` bytes of ``source``: only needed to number a bad line."""
     n = 0
-    with open(path, "rb", buffering=0) as f:
+    with source.open(end=stop) as f:
         while stop > 0:
             data = f.read(min(stop, 1 << 22))
             if not data:
@@ -487,10 +553,11 @@ def _open_decompressed(raw, comp: str):
 
 def _read_lines(unit: WorkUnit, keys: list[str], skip_bad: bool, bad: BadRecords,
                 block: int) -> Iterator[Batch]:
-    with open(unit.path, "rb", buffering=0) as raw:
+    # A unit's last line mostly ends within _TAIL_BLOCK past its end: one request reads both.
+    with unit.source.open(end=unit.stop + _TAIL_BLOCK) as raw:
         if unit.compression is None:
             first, head = _first_line(raw, unit.start)
-            parser = _Lines(unit, keys, skip_bad, bad, lambda: _count_newlines(unit.path, first))
+            parser = _Lines(unit, keys, skip_bad, bad, lambda: _count_newlines(unit.source, first))
             chunks = _line_chunks(raw.read, head, first, unit.stop, block)
             progress = lambda end: min(end, unit.stop) - unit.start  # noqa: E731
         else:
@@ -537,7 +604,7 @@ def _read_parquet(unit: WorkUnit, keys: list[str], skip_bad: bool, bad: BadRecor
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    with pq.ParquetFile(unit.path, buffer_size=1 << 20, pre_buffer=False) as pf:
+    with _parquet(unit.source) as f, pq.ParquetFile(f, buffer_size=1 << 20, pre_buffer=False) as pf:
         names = pf.schema_arrow.names
         for k in keys:
             if k not in names:
@@ -572,3 +639,9 @@ def _read_parquet(unit: WorkUnit, keys: list[str], skip_bad: bool, bad: BadRecor
                 cols = [c.filter(mask) for c in cols]
             done_rows += batch.num_rows
             yield Batch({k: c.to_pylist() for k, c in zip(keys, cols)}, unit.size * done_rows // rows)
+
+
+def _parquet(source: Source):
+    """What pyarrow opens a parquet input from: its own file for a local one (read without Python
+    calls), else ``source.open()``, each read of its one ranged request."""
+    return source.open() if source.in_bucket else contextlib.nullcontext(source.path)
