@@ -4,24 +4,26 @@
 # reuses read-only: a virtual environment of its own whose .pth file appends that environment's
 # site-packages, so only Bridge and the pure-Python packages it imports eagerly are downloaded
 # (Bridge pins no megatron-core; pip resolves the newest, 0.19.2). Transformer Engine (CUDA only)
-# gets a stand-in (tests/support/bridge_standins.py). Built once, reused while the specification
+# gets a stand-in (tests/support/oracles/bridge_standins.py). Built once, reused while the specification
 # below, the stand-in and the megatron-core environment are unchanged. Prints its directory last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="${MEGACACHE_BRIDGE_ORACLE:-$HOME/.cache/megacache/bridge-oracle}"
 # Held while this checks and builds: a test that needs the environment waits for it
-# (tests/support/oracles.py), and two runs never build it at once.
+# (tests/support/oracles/environments.py), and two runs never build it at once.
 mkdir -p "$(dirname "$ROOT")"
 exec 9>"$ROOT.lock"
 flock 9
 MCORE_ROOT="$(bash tests/megatron_oracles.sh | tail -n 1)"
 BASE_SITE="$MCORE_ROOT/py312/lib/python3.12/site-packages"
 # Bridge without its dependency list (GPU kernels, loggers, VLM stacks); then what its configuration,
-# tokenizer and data modules import, unpinned where Bridge leaves them unpinned.
+# tokenizer, data and setup modules import, unpinned where Bridge leaves them unpinned (setup's
+# checkpointing imports Model Optimizer, a pure-Python wheel, pinned to the release tried).
 PACKAGES='megatron-bridge==0.6.2 --no-deps
-transformers>=5.8,<=5.12.1 omegaconf>=2.3.0 einops datasets matplotlib ipython megatron-energon tensorboard pyyaml'
+transformers>=5.8,<=5.12.1 omegaconf>=2.3.0 einops datasets matplotlib ipython megatron-energon tensorboard pyyaml
+nvidia-modelopt==0.47.0'
 SPEC="$PACKAGES
-standins: $(sha256sum tests/support/bridge_standins.py | cut -c1-16)
+standins: $(sha256sum tests/support/oracles/bridge_standins.py | cut -c1-16)
 base: $(cat "$MCORE_ROOT/spec.txt" | sha256sum | cut -c1-16)"
 STAMP="$ROOT/spec.txt"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$SPEC" ]; then
@@ -37,16 +39,17 @@ SITE="$ROOT/venv/lib/python3.12/site-packages"
 echo "$ROOT/standins" > "$SITE/a-megacache-standins-path.pth"
 echo "$BASE_SITE" > "$SITE/b-megatron-oracles.pth"
 echo "import bridge_standins" > "$SITE/c-megacache-standins.pth"
-cp tests/support/bridge_standins.py "$ROOT/standins/bridge_standins.py"
+cp tests/support/oracles/bridge_standins.py "$ROOT/standins/bridge_standins.py"
 PIP=("$ROOT/venv/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" --no-deps megatron-bridge==0.6.2
 # pip sees the base environment's packages through the .pth file and installs into $ROOT/venv only what
 # they do not satisfy (e.g. transformers, which Bridge caps at 5.12.1); the base is never written to.
 "${PIP[@]}" "transformers>=5.8,<=5.12.1" "omegaconf>=2.3.0" einops datasets matplotlib ipython \
-  megatron-energon tensorboard pyyaml 2>&1 | grep -v -e "requires .*, which is not installed" \
+  megatron-energon tensorboard pyyaml nvidia-modelopt==0.47.0 2>&1 | grep -v -e "requires .*, which is not installed" \
   -e "dependency resolver does not currently" -e "is ignored: it is neither" || true
 if ! "$ROOT/venv/bin/python" -W ignore - >"$ROOT/check.log" 2>&1 <<'PY'
 import megatron.bridge.data.loaders, megatron.bridge.data.utils, megatron.bridge.training.config  # noqa
+import megatron.bridge.training.setup  # noqa
 import megatron.core
 assert megatron.core.__version__ == "0.19.2", megatron.core.__version__
 PY

@@ -17,24 +17,30 @@ def pytest_configure(config):
 
 
 def compile_kernels(directory: str) -> str:
-    """``directory`` holding the kernels compiled for this CPU and these sources, and nothing else
-    of the kind: compiled by the first process of the run that gets there (an xdist worker or an
-    MPI rank), the others waiting on a lock."""
+    """A directory under ``directory`` holding the kernels compiled for this CPU and these sources,
+    and nothing else of the kind (named by the library's digest, so that checkouts of other sources
+    tested at the same time keep theirs): compiled by the first process of the run that gets there
+    (an xdist worker or an MPI rank), the others waiting on a lock. Those no run has used for a week
+    go."""
     import fcntl
-    import glob
+    import shutil
+    import time
 
     from megacache.runtime import kernels
 
-    os.makedirs(directory, exist_ok=True)
+    name = os.path.basename(kernels.library_path(directory)).split(".", 1)[0]
+    mine = os.path.join(directory, name)
+    os.makedirs(mine, exist_ok=True)
     with open(os.path.join(directory, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        library = kernels.library_path(directory)
-        if not os.path.exists(library):
-            for stale in glob.glob(os.path.join(directory, "megacache_kernels_*")):
-                os.remove(stale)
-            kernels.compile_library(directory)
+        if not os.path.exists(kernels.library_path(mine)):
+            kernels.compile_library(mine)
             kernels.forget_library()
-    return directory
+        os.utime(mine)
+        for other in os.scandir(directory):
+            if other.is_dir() and other.name != name and time.time() - other.stat().st_mtime > 7 * 86400:
+                shutil.rmtree(other.path, ignore_errors=True)
+    return mine
 
 
 @pytest.fixture(scope="session")
@@ -54,33 +60,34 @@ def megatron():
 
 @pytest.fixture(scope="session")
 def modalities():
-    """The .pbin oracle: the modalities package, 0.5.0 (its packer and readers, tests/support/modalities.py)."""
+    """The .pbin oracle: the modalities package, 0.5.0 (its packer and readers, tests/support/oracles/modalities.py)."""
     from importlib.metadata import version
 
     assert version("modalities") == "0.5.0", version("modalities")
-    from support import modalities as oracle
+    from support.oracles import modalities as oracle
 
     return oracle
 
 
 @pytest.fixture(scope="session")
 def datatrove():
-    """The .ds oracle: the datatrove package, 0.10.1 (its tokenizer step and reader, tests/support/datatrove.py)."""
+    """The .ds oracle: the datatrove package, 0.10.1 (its tokenizer step and reader,
+    tests/support/oracles/datatrove.py)."""
     from importlib.metadata import version
 
     assert version("datatrove") == "0.10.1", version("datatrove")
-    from support import datatrove as oracle
+    from support.oracles import datatrove as oracle
 
     return oracle
 
 
 @pytest.fixture(scope="session")
 def olmo():
-    """The OLMo oracle: the ai2-olmo-core package, 3.0.0 (its numpy datasets, tests/support/olmo.py)."""
+    """The OLMo oracle: the ai2-olmo-core package, 3.0.0 (its numpy datasets, tests/support/oracles/olmo.py)."""
     from importlib.metadata import version
 
     assert version("ai2-olmo-core") == "3.0.0", version("ai2-olmo-core")
-    from support import olmo as oracle
+    from support.oracles import olmo as oracle
 
     return oracle
 
@@ -90,7 +97,7 @@ def megacache(capsys):
     """``megacache ARGS`` on ``ranks`` ranks: one rank in this process (no interpreter to start), more
     under mpiexec. Returns the exit code and what it printed."""
     from megacache.interfaces.cli import main
-    from support.corpus import run_megacache
+    from support.inputs.corpus import run_megacache
 
     def run(ranks: int, *args: str, check: bool = True) -> tuple[int, str, str]:
         if ranks > 1:
@@ -180,7 +187,7 @@ def kernel_mode(request, monkeypatch):
 
 def pytest_collection_modifyitems(items):
     """The tests that need the Python 3.12 oracle environments run last in each tier: tests/run_all.sh
-    builds those in the background, and such a test waits for them (support.oracles.built)."""
+    builds those in the background, and such a test waits for them (support.oracles.environments.built)."""
     items.sort(key=lambda item: item.get_closest_marker("oracle_environments") is not None)
 
 

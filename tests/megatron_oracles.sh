@@ -5,11 +5,11 @@
 # specification is unchanged. Prints the environment's directory on its last line.
 set -euo pipefail
 ROOT="${MEGACACHE_ORACLES:-$HOME/.cache/megacache/megatron-oracles}"
-SPEC="torch==2.13.0 megatron-core==0.19.2 transformers tokenizers sentencepiece tiktoken numpy
+SPEC="torch==2.13.0 megatron-core==0.19.2 transformers tokenizers sentencepiece tiktoken numpy boto3 multi-storage-client
 extra: 0.17.1 0.18.2"
 STAMP="$ROOT/spec.txt"
 # Held while this checks and builds: a test that needs the environment waits for it
-# (tests/support/oracles.py), and two runs never build it at once.
+# (tests/support/oracles/environments.py), and two runs never build it at once.
 mkdir -p "$(dirname "$ROOT")"
 exec 9>"$ROOT.lock"
 flock 9
@@ -36,7 +36,8 @@ mkdir -p "$ROOT"
 PIP=("$ROOT/py312/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first and pinned: on Python 3.12 the registry serves its CUDA build (about 3 GB), which runs on the CPU.
 "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" megatron-core==0.19.2 transformers tokenizers sentencepiece tiktoken numpy
+# boto3 and multi-storage-client: megatron-core reads s3:// and msc:// data paths with them
+"${PIP[@]}" megatron-core==0.19.2 transformers tokenizers sentencepiece tiktoken numpy boto3 multi-storage-client
 for v in 0.17.1 0.18.2; do
   "${PIP[@]}" --no-deps --target "$ROOT/mcore-$v" "megatron-core==$v"
 done

@@ -11,12 +11,12 @@ cd "$(dirname "$0")/.."
 # The oracle environments, and the venvs of the other Pythons the README's first command is tried
 # in, are made in the background (downloads, mostly: minutes the first time, nothing later) while
 # the rest installs and the first tests run. A test that needs one waits for it
-# (tests/support/oracles.py, tests/support/venvs.py); the oracles' tests run last in each tier.
+# (tests/support/oracles/environments.py, tests/support/systems/venvs.py); the oracles' tests run last in each tier.
 oracle_log=$(mktemp)
 venv_log=$(mktemp)
 bash tests/bridge_oracle.sh > "$oracle_log" 2>&1 &
 oracles=$!
-(cd tests && python -m support.venvs) > "$venv_log" 2>&1 &
+(cd tests && python -m support.systems.venvs) > "$venv_log" 2>&1 &
 venvs=$!
 trap 'kill "$oracles" "$venvs" 2>/dev/null || true; rm -f "$oracle_log" "$venv_log"' EXIT
 # torch first, pinned: a looser requirement with no torch installed pulls GBs of CUDA wheels.
@@ -72,10 +72,13 @@ tier() {  # tier NAME COMMAND...: run one tier, keep pytest's last line for the 
 tier "serial tests" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile --durations=25 \
   --ignore=tests/cluster tests "$@"
 # The slow tier, as users run the kernels: the 3,000-configuration index sweep and the blends of up
-# to 10^7 samples, through the compiled library, test by test over both workers.
+# to 10^7 samples, through the compiled library, test by test over both workers; a build longer
+# than the default progress interval, which must print its progress lines; and the builds from
+# buckets on a real S3 API server (moto's, on loopback) against megatron-core's own.
 # The same tests through numba's JIT, which the fast tier already compares on smaller sweeps, and a
 # timing test that a busy machine fails by chance, run on request: pytest -m slow.
-tier "slow tests, compiled kernels" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist load -m slow -k native \
+tier "slow tests, compiled kernels" python -m pytest -q -rs -p no:cacheprovider -n 2 --dist load -m slow \
+  -k "native or default_interval or object_storage" \
   --ignore=tests/cluster tests "$@"
 # Each MPI tier checks that its world has the ranks launched, and fails on a skipped MPI test.
 for n in 2 3; do
@@ -86,7 +89,7 @@ unset MEGACACHE_TEST_RANKS
 # The cluster tier: a GlusterFS volume and two emulated nodes (Linux namespaces), 2 MPI ranks on
 # each; every command against one local process, then node loss, hangs, SIGTERM, shared locks, a
 # dead filesystem client, a full volume, and a two-node torchrun job; the whole tier with GlusterFS's
-# default client caching, then with it raised (tests/support/cluster.py).
+# default client caching, then with it raised (tests/support/systems/cluster.py).
 tier "cluster tests (GlusterFS, 2 emulated nodes)" python -m pytest -q -rs -p no:cacheprovider --durations=10 \
   tests/cluster "$@"
 if ! wait "$venvs"; then

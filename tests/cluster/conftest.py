@@ -1,5 +1,5 @@
 """The cluster tier's machine: a GlusterFS volume served from a tmpfs brick, a small one to fill, and
-two emulated nodes mounting both (tests/support/cluster.py). Made once per client caching setting
+two emulated nodes mounting both (tests/support/systems/cluster.py). Made once per client caching setting
 (``CACHING_S``), the whole tier run under each; each test clears the volumes' contents when it is
 done."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from support import cluster as emulated
+from support.systems import cluster as emulated
 
 
 @pytest.fixture(scope="session", params=list(emulated.CACHING_S))

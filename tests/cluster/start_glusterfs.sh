@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GlusterFS for the cluster tier (tests/cluster): Debian's server and FUSE client installed with
 # apt-get, and glusterd started, once per machine. Needs root on Debian; the tier's volumes and nodes
-# are made by the tests themselves (tests/support/cluster.py).
+# are made by the tests themselves (tests/support/systems/cluster.py).
 set -euo pipefail
 die() { echo "start_glusterfs.sh: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "run as root"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from support.corpus import documents, file_bytes, run_megacache, write_input
-from support.faults import final_files, leftovers
+from support.inputs.corpus import documents, file_bytes, run_megacache, write_input
+from support.systems.faults import final_files, leftovers
 from support.sweeps import build_args
 
 

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from support.cluster import CACHING_S
-from support.corpus import documents, run_megacache, write_jsonl
-from support.faults import current_phases, final_files, leftovers, lock_held, settled_files
-from support.oracle import write_lengths
+from support.systems.cluster import CACHING_S
+from support.inputs.corpus import documents, run_megacache, write_jsonl
+from support.systems.faults import current_phases, final_files, leftovers, lock_held, settled_files
+from support.inputs.indexed import write_lengths
 from support.sweeps import build_args
 
 TRIALS = 5

@@ -11,9 +11,9 @@ import time
 
 import numpy as np
 
-from support.corpus import run_megacache
-from support.faults import final_files, leftovers, wait_for_phase
-from support.oracle import write_lengths
+from support.inputs.corpus import run_megacache
+from support.systems.faults import final_files, leftovers, wait_for_phase
+from support.inputs.indexed import write_lengths
 from support.sweeps import build_args
 
 def dataset(shared: str, name: str, documents: int) -> str:

@@ -1,7 +1,7 @@
 """Rank init under a two-node torchrun job (one agent per emulated node, rendezvousing over
 loopback TCP, gloo between the nodes): ``prepare_cache`` builds the missing cache on the GlusterFS
 volume with both nodes' ranks, a second start only opens it, and on each node megatron-core serves
-the samples megacache's TokenDataset yields, from that cache (tests/support/torchrun_rank.py)."""
+the samples megacache's TokenDataset yields, from that cache (tests/support/systems/torchrun_rank.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import os
 
 import numpy as np
 
-from support.faults import final_files
-from support.oracle import write_lengths
-from support.oracles import SUPPORT
+from support.systems.faults import final_files
+from support.inputs.indexed import write_lengths
+from support.systems import TORCHRUN_RANK
 
 
 def test_prepare_cache_on_two_nodes_then_megatron_core_loads_it_on_both(cluster):
@@ -22,14 +22,12 @@ def test_prepare_cache_on_two_nodes_then_megatron_core_loads_it_on_both(cluster)
     prefix = f"{shared}/corpus"
     write_lengths(prefix, np.random.default_rng(4).integers(1, 120, 2000))
     cache = f"{shared}/cache"
-    spec = {"prefix": prefix, "L": 32, "sizes": [4000, 200, 50], "split": "90,8,2", "seed": 99, "cache": cache,
+    spec = {"prefix": prefix, "seq_length": 32, "sizes": [4000, 200, 50], "split": "90,8,2", "seed": 99, "cache": cache,
             "tokenizer": tokenizer_identifiers("NullTokenizer", vocab_size=1000), "out": f"{shared}/out",
-            "tests": os.path.dirname(SUPPORT)}
+            "tests": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     with open(f"{shared}/spec.json", "w") as f:
         json.dump(spec, f)
-    script = os.path.join(SUPPORT, "torchrun_rank.py")
-
-    cluster.torchrun(1, script, f"{shared}/spec.json")
+    cluster.torchrun(1, TORCHRUN_RANK, f"{shared}/spec.json")
     first = [json.load(open(f"{shared}/out.{r}.json")) for r in range(2)]
     assert [m["built"] for m in first] == [True, True], first
     built = final_files(cache)

@@ -18,11 +18,11 @@ import pytest
 from megacache.errors import MegacacheError
 from megacache.megatron.interpreter import ask, differences
 from megacache.megatron.tokenizer import tokenizer_identifiers
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 from megacache.megatron.versions import UNRELEASED
-from support.oracles import MAIN_PATH, RELEASES, interpreter
-from support.tokenizer_cases import fixed_cases, random_cases, sweep_tokenizers
-from support.tokenizer_files import write_tokenizer_files
+from support.oracles.environments import MAIN_PATH, RELEASES, interpreter
+from support.inputs.tokenizer_cases import fixed_cases, random_cases, sweep_tokenizers
+from support.inputs.tokenizer_files import write_tokenizer_files
 
 pytestmark = pytest.mark.oracle_environments
 

@@ -1,6 +1,6 @@
 """Tokenizer backends: gigatoken runs where it is exact, and the guard catches it where it is not.
 
-A wrong gigatoken is made by tests/support/faulty_gigatoken.py, which runs the megacache command with
+A wrong gigatoken is made by tests/support/systems/faulty_gigatoken.py, which runs the megacache command with
 gigatoken's first id of every document holding the marker text made wrong, in a real mpiexec run."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 
 from megacache.text.backends import DEFAULT_VERIFY_FRACTION, SELF_TEST_TEXTS, sampled
-from support.corpus import MEGACACHE, documents, file_bytes, run_megacache, train_bpe, write_input
+from support.inputs.corpus import MEGACACHE, documents, file_bytes, run_megacache, train_bpe, write_input
 
 MARKER = "zqxv-marker"
-FAULTY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "faulty_gigatoken.py")
+FAULTY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "support", "systems",
+                      "faulty_gigatoken.py")
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +94,7 @@ def test_self_test_failure_falls_back_to_hf_or_is_an_error_when_gigatoken_is_req
 
 
 def test_tokenizers_gigatoken_cannot_load_run_on_hf(tmp_path):
-    from support.tokenizer_files import write_tokenizer_files
+    from support.inputs.tokenizer_files import write_tokenizer_files
 
     write_tokenizer_files(tmp_path)
     os.makedirs(tmp_path / "in")

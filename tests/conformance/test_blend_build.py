@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from contextlib import nullcontext
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,17 +18,19 @@ import pytest
 from megacache.builders.build import BuildConfig, plan
 from megacache.megatron.blends import parse_blend
 from megacache.runtime.comm import Comm, SingleComm, get_comm
-from support.oracle import load_mcore, sweep_configurations, write_lengths
-from support.sweeps import (NULL_TOKENIZER, REFUSED_AT_MOST, blend_build_config, build_and_compare, count_compared,
-                            labelled, megatron_build, random_blend_config, torch_group, words)
+from support.inputs.indexed import write_lengths
+from support.oracles.megatron_core import load_mcore
+from support.sweeps import (NULL_TOKENIZER, REFUSED_AT_MOST, BlendSweepConfig, blend_build_config, build_and_compare,
+                            count_compared, labelled, megatron_build, random_blend_config, sweep_configurations,
+                            torch_group, words, write_sweep_dataset)
 
 
-def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) -> str:
-    prefixes = [os.path.join(workdir, f"d{i:04d}") for i in range(len(c["datasets"]))]
+def run_both(mcore, comm: Comm, workdir: str, c: BlendSweepConfig, stats: dict, **tuning) -> str:
+    prefixes = [os.path.join(workdir, f"d{i:04d}") for i in range(len(c.datasets))]
     refusal = None
     if comm.rank == 0:
-        for p, lengths, shape in zip(prefixes, c["datasets"], c["shapes"]):
-            write_lengths(p, lengths, **shape)
+        for p, lengths, shape in zip(prefixes, c.datasets, c.shapes):
+            write_sweep_dataset(p, lengths, shape)
         refusal = megatron_build(mcore, prefixes, c, os.path.join(workdir, "theirs"))
     comm.wait_quietly()  # while the oracle runs on rank 0
     refusal = comm.bcast(refusal)
@@ -35,11 +38,11 @@ def run_both(mcore, comm: Comm, workdir: str, c: dict, stats: dict, **tuning) ->
     result = build_and_compare(cfg, comm, os.path.join(workdir, "theirs"), refusal)
     if result is None:
         return "refused"
-    count_compared(stats, c["shapes"][0])
+    count_compared(stats, c.shapes[0].dtype)
     if any(b.chunks > 1 for b in result.blends):
         stats["chunked"] = stats.get("chunked", 0) + 1
         stats["recomputed"] = stats.get("recomputed", 0) + sum(b.recomputed for b in result.blends)
-    return "per-split" if c["per_split"] else "weighted" if c["weights"] else "unweighted" if result.blends else "ok"
+    return "per-split" if c.per_split else "weighted" if c.weights else "unweighted" if result.blends else "ok"
 
 
 def sweep(comm: Comm, count: int, seed: int, huge: int = 0, **tuning) -> dict[str, int]:
@@ -122,8 +125,8 @@ def test_one_prefix_with_a_weight_is_a_one_dataset_blend(megatron):
     one-dataset BlendedDatasets, other hashes than ``--data-path PREFIX``), file for file."""
     rng = np.random.default_rng(21)
     c = random_blend_config(rng)
-    c.update(datasets=c["datasets"][:1], weights=[1.0], per_split=False, split="90,5,5",
-             sizes=[5000, 300, 40])
+    c = replace(c, datasets=c.datasets[:1], shapes=c.shapes[:1], weights=[1.0], per_split=False, split="90,5,5",
+                sizes=(5000, 300, 40))
     stats: dict = {}
     with torch_group():
         mcore = load_mcore()
@@ -139,12 +142,12 @@ def test_weights_on_a_split_without_a_size_are_refused_even_when_the_split_is_em
     megacache refuses the same configurations, and still builds them without the weights."""
     rng = np.random.default_rng(22)
     c = random_blend_config(rng)
-    c.update(datasets=c["datasets"][:3], weights=[0.5, 0.3, 0.2], per_split=False, split=split,
-             sizes=[2000, None, 40])
+    c = replace(c, datasets=c.datasets[:3], shapes=c.shapes[:3], weights=[0.5, 0.3, 0.2], per_split=False,
+                split=split, sizes=(2000, None, 40))
     stats: dict = {}
     with torch_group():
         mcore = load_mcore()
         for weights, expected in (([0.5, 0.3, 0.2], {"refused": 1}), (None, {"unweighted": 1})):
-            outcomes = sweep_configurations(SingleComm(), [{**c, "weights": weights}],
+            outcomes = sweep_configurations(SingleComm(), [replace(c, weights=weights)],
                                             lambda workdir, c: run_both(mcore, SingleComm(), workdir, c, stats))
             assert outcomes == expected, weights

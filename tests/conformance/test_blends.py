@@ -9,14 +9,15 @@ import os
 import numpy as np
 import pytest
 
-from support.corpus import run_megacache
+from support.inputs.corpus import run_megacache
 from megacache.megatron.blends import Blend, blend_from_flags, parse_blend, read_per_split_data_args
 from megacache.interfaces.api import BlendedSamples, BuildConfig, GPTSamples, build, open_cache
 from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import IndexLayout, IndexWriter
-from support.oracle import load_mcore, megatron_datasets, write_lengths
-from support.sweeps import megatron_build, torch_group
+from support.inputs.indexed import write_lengths
+from support.oracles.megatron_core import load_mcore, megatron_datasets
+from support.sweeps import torch_group
 from support.sweeps import NULL_TOKENIZER, cache_files
 
 
@@ -145,11 +146,10 @@ def check_cli_blends(tmp_path, ranks, prefixes, args_file, per_split, sizes, com
     mcore = load_mcore()
     for kind, data in (("whole", ["--data-args-path", str(args_file), "--split", "90,8,2"]),
                        ("per-split", ["--per-split-data-args-path", str(per_split)])):
-        c = dict(seed=77, L=32, x=1, drop_last=True, sizes=list(sizes), split="90,8,2",
-                 per_split=kind == "per-split", weights=[0.2, 0.5, 0.3])
         theirs = str(tmp_path / f"theirs-{kind}-{ranks}")
         if kind == "whole":
-            assert megatron_build(mcore, prefixes, c, theirs) is None
+            megatron_datasets(mcore, list(sizes), 77, 32, 1, True, theirs, True, blend=(prefixes, [0.2, 0.5, 0.3]),
+                              split="90,8,2")
         else:
             megatron_datasets(mcore, list(sizes), 77, 32, 1, True, theirs, True,
                               blend_per_split=[([prefixes[0], prefixes[1]], [3.0, 1.0]), ([prefixes[2]], None),

@@ -14,18 +14,20 @@ from megacache.megatron.training import split_sizes
 from megacache.megatron.versions import SUPPORTED
 from megacache.runtime.comm import SingleComm, get_comm
 from megacache.errors import MegacacheError
-from support.oracle import load_mcore, sweep_configurations, write_lengths
-from support.sweeps import (REFUSED_AT_MOST, build_and_compare, count_compared, labelled, megatron_build,
-                            prefix_build_config, random_config)
+from support.inputs.indexed import write_lengths
+from support.oracles.megatron_core import load_mcore
+from support.sweeps import (REFUSED_AT_MOST, PrefixSweepConfig, build_and_compare, count_compared, labelled,
+                            megatron_build, prefix_build_config, random_config, sweep_configurations,
+                            write_sweep_dataset)
 
 
-def run_both(mcore, comm, workdir: str, c: dict, stats: dict | None = None) -> str:
+def run_both(mcore, comm, workdir: str, c: PrefixSweepConfig, stats: dict | None = None) -> str:
     """Build with megatron-core (rank 0) and megacache (all ranks); compare. Returns a label, and
     counts the comparison in ``stats`` by the dataset's token width."""
     prefix = os.path.join(workdir, "data")
     refusal = None
     if comm.rank == 0:
-        write_lengths(prefix, c["lengths"], **c.get("shape", {}))
+        write_sweep_dataset(prefix, c.lengths, c.shape)
         refusal = megatron_build(mcore, [prefix], c, os.path.join(workdir, "theirs"))
     comm.wait_quietly()  # while the oracle runs on rank 0
     refusal = comm.bcast(refusal)
@@ -34,7 +36,7 @@ def run_both(mcore, comm, workdir: str, c: dict, stats: dict | None = None) -> s
     if result is None:
         return "refused"
     if stats is not None:
-        count_compared(stats, c["shape"])
+        count_compared(stats, c.shape.dtype)
     return "separated" if any(s.plan.separate_final_epoch for s in result.gpt) else "ok"
 
 
@@ -106,8 +108,10 @@ def test_random_configurations_under_mpi(kernel_mode, report):
 def test_worked_examples_5_and_8(tmp_path, megatron):
     mcore = load_mcore()
     lengths = np.array([5, 7, 3, 9, 4, 6, 8, 2, 10, 1])
-    for c in (dict(lengths=lengths, split="1,0,0", sizes=[7, None, None], L=8, x=1, seed=1234, drop_last=True),
-              dict(lengths=lengths, split="0,1,0", sizes=[None, None, None], L=8, x=1, seed=1234, drop_last=False)):
+    for c in (PrefixSweepConfig(lengths=lengths, split="1,0,0", sizes=(7, None, None), seq_length=8,
+                                add_extra_token=True, seed=1234, drop_last_partial_validation=True),
+              PrefixSweepConfig(lengths=lengths, split="0,1,0", sizes=(None, None, None), seq_length=8,
+                                add_extra_token=True, seed=1234, drop_last_partial_validation=False)):
         d = tempfile.mkdtemp(dir=tmp_path)
         assert run_both(mcore, SingleComm(), d, c) in ("ok", "separated")
 
@@ -144,10 +148,13 @@ def test_split_size_flags_of_other_versions_and_missing_ones_are_errors():
 
 @pytest.mark.parametrize("change, message", [
     (dict(seq_length=0), "--seq-length must be a positive integer"),
+    (dict(seq_length=2**31 - 1), r"--seq-length 2147483647 \(\+1\) does not fit Megatron's int32 arithmetic"),
     (dict(seed=2**32), "outside numpy's RandomState range"),
     (dict(split="969,30,1", sizes=(10, 5, 10)), r"the test split is empty \('969,30,1' of 40 sequences"),
     (dict(data_path="/nonexistent/prefix"), "index file not found"),
     (dict(sizes=(10, -1, 10)), "the valid sample count must be a non-negative integer"),
+    (dict(tokenizer={"class": "t", "vocab_size": 1000}), r"the tokenizer identity's 'vocab_size' is 1000 \(int\): "
+                                                          r"Megatron's unique_identifiers hold strings .* give '1000'"),
 ])
 def test_megatron_failure_modes_become_clear_errors(tmp_path, change, message):
     write_lengths(str(tmp_path / "d"), np.full(40, 20))

@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from support.corpus import documents, file_bytes, run_megacache, write_jsonl
-from support.tokenizer_files import write_pbin_tokenizers
+from support.inputs.corpus import documents, file_bytes, run_megacache, write_jsonl
+from support.inputs.tokenizer_files import write_pbin_tokenizers
 
 EOS = "<|endoftext|>"
 #: tokenizer -> (datatrove's width, Megatron's dtype): 2,002 ids; 70,002 ids (above 65,536 both widen)

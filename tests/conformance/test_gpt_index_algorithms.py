@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import pickle
+import shutil
 
 import numpy as np
 import pytest
@@ -17,13 +18,13 @@ from megacache.algorithms.gpt_index import (
     build_sample_index,
     build_shuffle_index,
     num_epochs,
+    piece_tokens,
     plan_epochs,
     sample_count,
     sample_index_dtype,
     sample_index_reference,
     sample_index_rows,
-    sample_rows_in_slice,
-    slice_tokens,
+    sample_rows_in_piece,
     shuffle_index_dtype,
 )
 from megacache.algorithms import permutation
@@ -31,7 +32,8 @@ from megacache.algorithms.permutation import MT19937, random_interval, shuffle
 from megacache.algorithms.splits import parse_split, split_matrix, split_ranges
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import write_dataset
-from support.oracle import load_mcore, megatron_splits, random_lengths, write_lengths
+from support.inputs.indexed import random_lengths, write_lengths
+from support.oracles.megatron_core import load_mcore, megatron_splits
 
 # every test twice: kernels through numba's JIT, then from the compiled library
 pytestmark = pytest.mark.usefixtures("kernel_mode")
@@ -295,7 +297,8 @@ def test_dtype_thresholds():
     assert sample_index_dtype(2**31, 5) == np.int64
     assert shuffle_index_dtype(2**32 - 3) == np.uint32
     assert shuffle_index_dtype(2**32 - 2) == np.int64
-    plan = GPTIndexPlan.from_counts(5, 2**33, 2**31 - 1, None, 2, 0, True)
+    plan = GPTIndexPlan.from_counts(num_documents=5, tokens_per_epoch=2**33, num_samples=None, seq_length=2,
+                                    add_extra_token=0, drop_last=True, longest_document=2**31 - 1)
     assert plan.num_samples == 2**32 and plan.shuffle_index_dtype == np.int64
     assert plan.sample_index_dtype == np.int32
 
@@ -303,19 +306,17 @@ def test_dtype_thresholds():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(sequence_length=0), "sequence_length must be a positive integer, got 0"),
-        (dict(sequence_length=2**31 - 1), "int32"),
         (dict(add_extra_token=2), "add_extra_token must be 0 or 1"),
         (dict(num_samples=-1), "num_samples must be a non-negative integer, got -1"),
         (dict(num_samples=2.0), "num_samples must be a non-negative integer, got 2.0"),
-        (dict(tokens_per_epoch=1, num_samples=2**31, sequence_length=1), "int32"),
-        (dict(tokens_per_epoch=0, num_samples=None, sequence_length=1), "no sample"),
+        (dict(tokens_per_epoch=1, num_samples=2**31, seq_length=1), "int32"),
+        (dict(tokens_per_epoch=0, num_samples=None, seq_length=1), "no sample"),
     ],
 )
 def test_bad_plans_are_named(kwargs, message):
     args = dict(
-        num_documents=10, tokens_per_epoch=55, max_sequence_length=10, num_samples=None,
-        sequence_length=8, add_extra_token=1, drop_last=True,
+        num_documents=10, tokens_per_epoch=55, longest_document=10, num_samples=None,
+        seq_length=8, add_extra_token=1, drop_last=True,
     )
     with pytest.raises(MegacacheError, match=message):
         GPTIndexPlan.from_counts(**{**args, **kwargs})
@@ -439,7 +440,7 @@ def test_shuffle_index_matches_megatron(mcore):
 def megatron_sample_index(mcore, sizes, document_index, plan):
     try:
         return mcore.helpers.build_sample_idx(
-            sizes, document_index, plan.sequence_length, plan.num_epochs, plan.tokens_per_epoch,
+            sizes, document_index, plan.seq_length, plan.num_epochs, plan.tokens_per_epoch,
             plan.drop_last, bool(plan.add_extra_token),
         )
     except AssertionError:  # its int32 path rejects a negative offset
@@ -516,14 +517,14 @@ def test_sample_index_slices_equal_serial(tmp_path):
         # Tokens per slice of the document index, offsets by an exscan of the slice totals.
         bounds = random_partition(rng, M, int(rng.integers(1, 8)))
         slices = list(zip(bounds[:-1], bounds[1:]))
-        pieces = [slice_tokens(sizes, document_index[a:b]) for a, b in slices]
+        pieces = [piece_tokens(sizes, document_index[a:b]) for a, b in slices]
         assert pieces == [int(np.take(sizes, document_index[a:b]).sum(dtype=np.int64)) for a, b in slices]
         starts = np.concatenate([[0], np.cumsum(pieces)[:-1]]).astype(np.int64)
         all_ends = np.cumsum(sizes[document_index], dtype=np.int64)
 
         # A builder's way: each document slice computes the rows it owns.
         owned = [
-            sample_rows_in_slice(plan, int(a), int(b), int(s), int(s + p))
+            sample_rows_in_piece(plan, int(a), int(b), int(s), int(s + p))
             for a, b, s, p in zip(bounds[:-1], bounds[1:], starts, pieces)
         ]
         assert owned[0][0] == 0 and owned[-1][1] == rows
@@ -574,11 +575,15 @@ def compare_random_configs(mcore, tmp_path, count, seed):
     rng = np.random.default_rng(seed)
     seen = dict(separated=0, multi_epoch=0, x0=0, kept_partial=0, rejected=0, splits=0)
     for case in range(count):
+        # Each case's dataset and megatron-core's cache go once compared: the slow sweeps would
+        # otherwise leave gigabytes on the tests' tmpfs.
+        shutil.rmtree(tmp_path / "case", ignore_errors=True)
         S = int(rng.integers(1, 5001))
         lengths = random_lengths(rng, S)
         if lengths.sum() == 0:
             lengths[0] = 1
-        prefix = str(tmp_path / f"d{case}")
+        prefix = str(tmp_path / "case" / "d")
+        os.makedirs(os.path.dirname(prefix))
         write_lengths(prefix, lengths)
         split = str(rng.choice(SPLITS))
         L = int(rng.choice([2, 3, 8, 64, 1000]))

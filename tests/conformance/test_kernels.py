@@ -17,7 +17,7 @@ from megacache.runtime import kernels
 from megacache.runtime.environment import kernel_dir
 from megacache.errors import MegacacheError
 from megacache.formats import pickled_pairs as pp
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 
 VALUES = [
     np.zeros(5, np.int32), np.zeros(5, np.uint32), np.zeros(5, np.int64), np.zeros(5, np.float64),

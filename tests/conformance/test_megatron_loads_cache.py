@@ -1,6 +1,6 @@
 """Acceptance (issues "megatron versions", "megacache build"): megatron-core's own
 BlendedMegatronDatasetBuilder, 0.16.1 and 0.19.2 each in its own interpreter, on two gloo ranks under
-torchrun (tests/support/megatron_rank.py), finds a megacache-built cache in a read-only directory, loads it
+torchrun (tests/support/oracles/megatron_rank.py), finds a megacache-built cache in a read-only directory, loads it
 on both ranks without building, and serves exactly the samples that megacache's arrays describe
 (docs/megatron.md §2.10): one prefix, a weighted blend, and per-split blends loaded with
 ``--dataloader-fast-cache-load``, ``--dataloader-defer-npy-index-mmap`` and the per-dataset
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from support.corpus import free_port
-from support.oracles import RELEASES, SUPPORT, interpreter
-from support.tokenizer_files import write_tokenizer_files
+from support.inputs.corpus import free_port
+from support.oracles.environments import RELEASES, SCRIPTS, interpreter
+from support.inputs.tokenizer_files import write_tokenizer_files
 
 from megacache.interfaces.api import BuildConfig, build, open_cache, split_sizes
 from megacache.megatron.blends import parse_blend
@@ -38,11 +38,10 @@ from megacache.megatron.tokenizer import tokenizer_identifiers
 
 pytestmark = pytest.mark.oracle_environments
 
-L = 64  # sequence length
-X = 1  # add_extra_token_to_sequence (megatron's default)
+SEQ_LENGTH = 64
 SEED = 1234
 SPLIT = "90,8,2"
-VOCAB = 1000  # the oracle's null tokenizer (tests/support/oracle.py)
+VOCAB = 1000  # the oracle's null tokenizer (tests/support/oracles/megatron_core.py)
 RANKS = 2
 SAMPLES_PER_SPLIT = 50
 INDEX_ARRAYS = ("document_index", "sample_index", "shuffle_index")
@@ -82,10 +81,10 @@ def write_corpus(prefix: str, seed: int = 11) -> None:
 
 
 def run_ranks(version: str, spec_path: str, workdir: str) -> None:
-    """tests/support/megatron_rank.py on RANKS processes under torchrun, in megatron-core ``version``'s
+    """tests/support/oracles/megatron_rank.py on RANKS processes under torchrun, in megatron-core ``version``'s
     interpreter; fail with its output if any rank fails."""
     python, env = interpreter(version)
-    script = os.path.join(SUPPORT, "megatron_rank.py")
+    script = os.path.join(SCRIPTS, "megatron_rank.py")
     log = os.path.join(workdir, "torchrun.log")
     with open(log, "w") as out:
         code = subprocess.run([python, "-m", "torch.distributed.run", f"--nproc_per_node={RANKS}",
@@ -140,7 +139,7 @@ def test_megatron_loads_a_read_only_megacache_cache_on_two_gloo_ranks(tmp_path, 
     # One prefix: Megatron's default cache location, <prefix>/cache/GPTDataset_indices; a blend is
     # only cached under --data-cache-path.
     cache = str(tmp_path / "cache") if blend else os.path.join(prefixes[0], "cache", "GPTDataset_indices")
-    common = dict(seq_length=L, sizes=sizes, seed=SEED, cache_dir=cache if blend else None,
+    common = dict(seq_length=SEQ_LENGTH, sizes=sizes, seed=SEED, cache_dir=cache if blend else None,
                   drop_last_partial_validation=False, megatron_version=version,
                   tokenizer=tokenizer_identifiers(megatron_version=version, **flags))
     if fast:
@@ -177,8 +176,9 @@ def test_megatron_loads_a_read_only_megacache_cache_on_two_gloo_ranks(tmp_path, 
     spec = {"prefixes": prefixes, "weights": [0.5, 0.2, 0.3] if blend else None, "split": SPLIT,
             "blend_per_split": per_split(prefixes) if fast else None, "fast": fast,
             "sequences": os.path.join(cache, "sequences_per_dataset.json"), "cache": cache if blend else None,
-            "sizes": list(sizes), "seed": SEED, "L": L, "tokenizer": flags, "tokenizer_cwd": tokenizer_cwd,
-            "out": str(tmp_path), "indices": {f"{name}/{rank}": v for (name, rank), v in indices.items()}}
+            "sizes": list(sizes), "seed": SEED, "seq_length": SEQ_LENGTH, "tokenizer": flags,
+            "tokenizer_cwd": tokenizer_cwd, "out": str(tmp_path),
+            "indices": {f"{name}/{rank}": v for (name, rank), v in indices.items()}}
     spec_path = str(tmp_path / "spec.json")
     with open(spec_path, "w") as f:
         json.dump(spec, f)

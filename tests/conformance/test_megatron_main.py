@@ -1,9 +1,13 @@
 """megacache's 0.20 against Megatron-LM main (megatron-core 0.20.0, not yet released): what main
-answered at one commit, recorded by tests/support/record_megatron_main.py in tests/data/megatron-main,
+answered at one commit, recorded by tests/support/oracles/record_megatron_main.py in tests/data/megatron-main,
 so that these run with no checkout and no network. (The tokenizer identities are checked in
 test_tokenizer_identity.py.)"""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
 
 import pytest
 
@@ -11,9 +15,12 @@ from megacache.builders.build import BuildConfig, build
 from megacache.runtime.comm import SingleComm
 from megacache.megatron.blends import parse_blend
 from megacache.megatron.tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
-from support.oracles import recorded_main
-from support.record_megatron_main import CACHE_CONFIGS, VERSION, cache_dir, cache_files, make_files
+from megacache.megatron.training import split_sizes
+from support.oracles.environments import recorded_main
+from support.oracles.record_megatron_main import (BUCKET, CACHE_CONFIGS, OBJECT_STORAGE_CONFIGS, PROFILE, SIZE_FLAGS,
+                                                  VERSION, cache_dir, cache_files, make_files, upload_datasets)
 from support.sweeps import words
+from support.systems.s3server import msc_config, s3, s3_server  # noqa: F401 (fixtures)
 
 
 def test_tokenizer_flags_are_those_of_megatron_mains_arguments():
@@ -44,8 +51,8 @@ def test_cache_files_equal_those_megatron_main_wrote(root, monkeypatch, index):
     c, recorded = CACHE_CONFIGS[index], recorded_main("caches.json")["builds"][index]
     assert recorded["name"] == c["name"] and recorded["error"] is None, recorded
     monkeypatch.chdir(root)  # the prefixes and tokenizer paths are relative to it, as recorded
-    common = dict(seq_length=c["L"], sizes=tuple(c["sizes"]), seed=c["seed"], cache_dir=cache_dir(c),
-                  add_extra_token=bool(c["x"]), drop_last_partial_validation=c["drop_last"],
+    common = dict(seq_length=c["seq_length"], sizes=tuple(c["sizes"]), seed=c["seed"], cache_dir=cache_dir(c),
+                  add_extra_token=c["add_extra_token"], drop_last_partial_validation=c["drop_last_partial_validation"],
                   megatron_version=VERSION, tokenizer=tokenizer_identifiers(megatron_version=VERSION, **c["tokenizer"]))
     if c.get("blend_per_split"):
         blends = [None if b is None else parse_blend(words(*b)) for b in c["blend_per_split"]]
@@ -54,3 +61,48 @@ def test_cache_files_equal_those_megatron_main_wrote(root, monkeypatch, index):
         cfg = BuildConfig(blend=parse_blend(words(*c["blend"])), split=c["split"], **common)
     build(cfg, SingleComm())
     assert cache_files(cache_dir(c)) == recorded["files"]
+
+
+@pytest.fixture(scope="module")
+def bucket(root, s3_server):
+    """DATASETS in BUCKET on the session's moto server, as the recorder uploaded them to its own."""
+    upload_datasets(s3_server, root)
+    return BUCKET
+
+
+@pytest.mark.parametrize("index", range(len(OBJECT_STORAGE_CONFIGS)), ids=[c["name"] for c in OBJECT_STORAGE_CONFIGS])
+def test_build_from_object_storage_equals_megatron_main_building_from_it(root, bucket, s3, tmp_path, index):
+    """``megacache build --megatron-version 0.20`` on s3:// (or msc://, through a profile file naming
+    the bucket) paths writes the files main wrote building from the same paths in a bucket of the same
+    content (names and bytes), reading each .idx once and no .bin, and copying each .idx under
+    --object-storage-cache-path/<bucket or profile>/ as main does."""
+    stored = recorded_main("object_storage_caches.json")
+    assert stored["commit"] == recorded_main("caches.json")["commit"]  # one main
+    c, recorded = OBJECT_STORAGE_CONFIGS[index], stored["builds"][index]
+    assert recorded["name"] == c["name"] and recorded["error"] is None, recorded
+    assert split_sizes(VERSION, None, **SIZE_FLAGS) == tuple(c["sizes"])
+    if c.get("blend_per_split"):
+        (tmp_path / "splits.json").write_text(json.dumps(dict(zip(("train", "valid", "test"),
+                                                                  (words(*b) for b in c["blend_per_split"])))))
+        data = ["--per-split-data-args-path", str(tmp_path / "splits.json")]
+    else:
+        data = ["--data-path", *words(*c["blend"]), "--split", c["split"]]
+    command = [sys.executable, "-m", "megacache", "build", *data, "--megatron-version", VERSION,
+               "--seq-length", str(c["seq_length"]), "--seed", str(c["seed"]),
+               "--tokenizer-type", c["tokenizer"]["tokenizer_type"], "--vocab-size", str(c["tokenizer"]["vocab_size"]),
+               "--data-cache-path", str(tmp_path / "cache"), "--object-storage-cache-path", str(tmp_path / "idx"),
+               "--per-dataset-sequences-path", ""]
+    for flag, value in SIZE_FLAGS.items():
+        command += [f"--{flag.replace('_', '-')}", str(value)]
+    environment = s3.environment(MSC_CONFIG=msc_config(s3, str(tmp_path / "msc.json"), PROFILE, bucket))
+    done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+
+    paths = sorted({p for b in c.get("blend_per_split") or [c["blend"]] for p in b[0]})
+    keys = [p.split("/", 3)[3] for p in paths]  # scheme://bucket-or-profile/key
+    assert [s3.proxy.count("GET", f"/{bucket}/{k}.idx") for k in keys] == [1] * len(keys)
+    assert [r for r in s3.proxy.requests if r[0] == "GET" and not r[1].split("?")[0].endswith(".idx")] == []
+    for path, key in zip(paths, keys):
+        copy = tmp_path / "idx" / path.split("/", 3)[2] / f"{key}.idx"
+        assert copy.read_bytes() == (root / f"{key}.idx").read_bytes()
+    assert cache_files(str(tmp_path / "cache")) == recorded["files"]

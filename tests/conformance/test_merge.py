@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from support.corpus import file_bytes, run_megacache
+from support.inputs.corpus import file_bytes, run_megacache
 from megacache.builders.merge import merge
 from megacache.errors import MegacacheError
 from megacache.formats.indexed import write_dataset

@@ -2,7 +2,7 @@
 files or OLMo token files, converted) named by a list file, a quoted glob or a folder merge, on 1 to 3
 ranks, into what megatron-core's
 ``add_index`` chain makes of them (recorded in tests/data/merge-shards.json by
-tests/support/record_merge_shards.py), or into --max-size parts that together are that dataset; and
+tests/support/oracles/record_merge_shards.py), or into --max-size parts that together are that dataset; and
 convert --per-file turns each shard into its own dataset of another format."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import os
 import pytest
 
 from megacache.interfaces.cli import main
-from support import shards
-from support.corpus import run_megacache
+from support.inputs import shards
+from support.inputs.corpus import run_megacache
 
 with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "merge-shards.json")) as f:
     RECORDED = json.load(f)["merged"]

@@ -13,7 +13,7 @@ import pytest
 
 from megacache.formats import olmo as olmo_format
 from megacache.formats.indexed import write_dataset
-from support.corpus import file_bytes
+from support.inputs.corpus import file_bytes
 
 #: OLMo's width -> (the Megatron dtype that holds it, the EOS id, the vocabulary): GPT-2's 50,304 ids
 #: and a vocabulary above 65,536 ids (uint32 in OLMo, int32 in Megatron)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from megacache.text.sample_corpus import sample_documents
-from support.corpus import file_bytes, run_megacache, write_jsonl
-from support.tokenizer_files import PBIN_TOKENIZERS, WORDS4_WORDS, write_pbin_tokenizers
+from support.inputs.corpus import file_bytes, run_megacache, write_jsonl
+from support.inputs.tokenizer_files import PBIN_TOKENIZERS, WORDS4_WORDS, write_pbin_tokenizers
 
 EOD = "<|endoftext|>"
 

@@ -5,7 +5,7 @@ every version the same command as a --yaml-cfg file read by the training's start
 weighted blend, per-split blends, a global batch derived from the world size and a batch-size
 ramp-up, each amid 120 flags of model, optimizer, parallelism and logging. The caches megacache
 writes are so the ones that version's training loads as its own. Megatron's answers were recorded by
-tests/support/record_prepare_cache.py (tests/data/prepare-cache.json), since they need a Megatron-LM
+tests/support/oracles/record_prepare_cache.py (tests/data/prepare-cache.json), since they need a Megatron-LM
 checkout; megacache runs them on one rank, and on 2 and 3 ranks in the MPI tiers."""
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from megacache.megatron.interpreter import Identity, command_differences
 from megacache.megatron.versions import SUPPORTED
 from megacache.runtime.comm import SingleComm, get_comm
 from support import shared_directory
-from support.record_megatron_main import cache_files, write_datasets
-from support.record_prepare_cache import OUT
+from support.oracles.record_megatron_main import cache_files, write_datasets
+from support.oracles.record_prepare_cache import OUT
 
 with open(OUT, encoding="utf-8") as _f:
     RECORDED = json.load(_f)["cases"]

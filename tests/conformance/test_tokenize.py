@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import time
 
 import numpy as np
 import pytest
 
-from support.corpus import (documents, file_bytes, kill_tree, megacache_cmd, megatron_reference,
-                            run_megacache, train_bpe, write_input)
-from support.faults import leftovers
+from support.inputs.corpus import (documents, file_bytes, kill_tree, megacache_cmd, megatron_reference,
+                                   process_tree, run_megacache, train_bpe, write_input)
+from support.systems.faults import leftovers
 
 
 @pytest.fixture(scope="module")
@@ -119,13 +120,21 @@ def test_resume_after_sigkill_redoes_only_unfinished_units(tmp_path, bpe, megatr
     work = str(tmp_path / ".o.megacache-work")
     proc = subprocess.Popen(megacache_cmd(2, *args), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    done = []
+    done, tree = [], None
     while time.monotonic() < deadline and proc.poll() is None:
-        done = [n for n in os.listdir(work) if n.endswith(".done")] if os.path.isdir(work) else []
-        if len(done) >= 3:
-            break
+        if os.path.isdir(work):
+            tree = tree or process_tree(proc.pid)  # the ranks are up: rank 0 made the work directory
+            done = [n for n in os.listdir(work) if n.endswith(".done")]
+            if len(done) >= 3:
+                break
         time.sleep(0.005)
     assert proc.poll() is None, "the run finished before it could be killed; make the corpus larger"
+    # Stopped at once (on tmpfs, units finish faster than the process table is read), then killed.
+    for p in tree or []:
+        try:
+            os.kill(p, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
     kill_tree(proc.pid)
     proc.wait()
     killed_done = len([n for n in os.listdir(work) if n.endswith(".done")])

@@ -4,7 +4,7 @@ stores int32): bytes equal to megatron-core 0.16.1's ``build_tokenizer`` + ``tok
 ``vocab_size`` (what tools/preprocess_data.py does), at P = 1, 2 and 3, for a Hugging Face BPE, a
 SentencePiece BPE and a tiktoken rank file, and at P = 1 for Hugging Face BPEs of 65,499 and 65,500
 entries, either side of Megatron's threshold. Each is a tokenizer this test trains and widens with
-unused entries (tests/support/tokenizer_files.py) so that the ids a text gets lie above 65,535 as
+unused entries (tests/support/inputs/tokenizer_files.py) so that the ids a text gets lie above 65,535 as
 well as below: a uint16 anywhere on the way would change them. Every case runs on gigatoken, the default
 backend, once its self-test against each library passes."""
 
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from megacache.formats.indexed import IndexedDataset
-from support.corpus import documents, megatron_tokenized, tokenize_in_parts, train_bpe
-from support.tokenizer_files import widen_bpe, widen_sentencepiece, write_tiktoken_ranks
+from support.inputs.corpus import documents, megatron_tokenized, tokenize_in_parts, train_bpe
+from support.inputs.tokenizer_files import widen_bpe, widen_sentencepiece, write_tiktoken_ranks
 
 #: Llama 3's, Qwen 2's and o200k's vocabulary sizes
 LLAMA3, QWEN2, O200K = 128_256, 151_936, 200_019

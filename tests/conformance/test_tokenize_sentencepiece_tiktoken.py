@@ -10,8 +10,9 @@ import json
 import pytest
 
 from megacache.text.backends import SELF_TEST_TEXTS
-from support.corpus import documents, megatron_tokenized, run_megacache, tokenize_in_parts, train_bpe, write_jsonl
-from support.tokenizer_files import TIKTOKEN_RANKS, write_tiktoken_ranks
+from support.inputs.corpus import (documents, megatron_tokenized, run_megacache, tokenize_in_parts, train_bpe,
+                                   write_jsonl)
+from support.inputs.tokenizer_files import TIKTOKEN_RANKS, write_tiktoken_ranks
 
 # Special tokens of both libraries written in the text, around the generated documents.
 SPECIALS_IN_TEXT = ["<s> begins", "ends </s>", "<unk><pad><mask>", "a<cls>b<sep>c", "<SPECIAL_9> x", " <s>  </s> "]

@@ -3,7 +3,7 @@ for every supported megatron-core version.
 
 New system (every version): the oracle is each version's own ``build_tokenizer(args)`` (what
 ``pretrain_gpt.py`` calls) on an ``args`` with that version's Megatron-LM flag defaults, building real
-tokenizers from files these tests train (tests/support/oracle_worker.py, in that version's interpreter).
+tokenizers from files these tests train (tests/support/oracles/megatron_worker.py, in that version's interpreter).
 GPT2BPETokenizer and BertWordPiece* load the hub repos ``gpt2`` / ``bert-large-(un)cased`` (with the
 given vocab file); the oracle runs in a directory holding local folders of those names, which
 transformers prefers to the hub, so nothing is downloaded.
@@ -33,15 +33,15 @@ from megacache.megatron.tokenizer import (
     tokenizer_identifiers,
 )
 from megacache.megatron.versions import SUPPORTED, UNRELEASED
-from support.oracles import ask, recorded_main
-from support.tokenizer_cases import (
+from support.oracles.environments import ask, recorded_main
+from support.inputs.tokenizer_cases import (
     NEW_SYSTEM,
     RANDOM_CASES_PER_TYPE,
     fixed_cases,
     new_system_flags,
     random_cases,
 )
-from support.tokenizer_files import write_tokenizer_files
+from support.inputs.tokenizer_files import write_tokenizer_files
 
 pytestmark = pytest.mark.oracle_environments
 
@@ -164,7 +164,7 @@ def _under(value, root: str):
 @pytest.mark.parametrize("version", UNRELEASED)
 def test_identities_equal_those_recorded_from_megatron_main(root, version):
     """Megatron-LM main has no wheel: its build_tokenizer's answers to the random and fixed flag sets,
-    recorded at one commit by tests/support/record_megatron_main.py, against megacache's table."""
+    recorded at one commit by tests/support/oracles/record_megatron_main.py, against megacache's table."""
     recorded = recorded_main("tokenizer_identities.json")
     assert recorded["megatron_core"].startswith(f"{version}."), recorded["megatron_core"]
     random_part = [_under(c, str(root)) for c in recorded["random"]]
@@ -312,7 +312,8 @@ def test_identifiers_from_json(build, root, tmp_path):
 def test_megatron_cache_name_end_to_end(megatron, build, root, tmp_path):
     """A GPTDataset megatron-core builds with a real Hugging Face tokenizer caches under the name
     megacache computes from the flags; the description it writes gives the identifiers back."""
-    from support.oracle import load_mcore, megatron_splits, write_lengths
+    from support.inputs.indexed import write_lengths
+    from support.oracles.megatron_core import load_mcore, megatron_splits
 
     flags = dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=f"{root}/hf",
                  tokenizer_special_tokens=["<|tool|>"], tokenizer_hf_use_fast=True)

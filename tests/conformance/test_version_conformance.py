@@ -1,6 +1,6 @@
 """megacache build for megatron-core 0.19: the 200-configuration sweeps of test_build.py (one prefix)
 and test_blend_build.py (blends) against megatron-core 0.19.2 itself, in its own interpreter
-(tests/support/oracles.py), whole cache directories compared byte for byte at 1 rank in the test process
+(tests/support/oracles/environments.py), whole cache directories compared byte for byte at 1 rank in the test process
 and at 2 and 3 ranks under MPI. Each configuration hashes a tokenizer from a pool of real ones
 (Hugging Face with default and varied flags, Null, GPT-2, SentencePiece, tiktoken) that
 megatron-core builds with its own build_tokenizer and megacache derives from the same flags.
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -23,14 +24,15 @@ from megacache.builders.build import BuildConfig
 from megacache.runtime.comm import Comm, SingleComm, get_comm
 from megacache.runtime.fsio import write_atomic
 from megacache.megatron.tokenizer import tokenizer_identifiers
-from support.oracle import sweep_configurations, write_lengths
+from support.inputs.indexed import write_lengths
 from megacache.megatron.interpreter import ask as megatron_ask
 from megacache.megatron.interpreter import differences
-from support.oracles import ORACLE_RUNS, RELEASES, WORKER, ask, interpreter, run_key
-from support.sweeps import per_split_blends, random_blend_config, words
+from support.oracles.environments import ORACLE_RUNS, RELEASES, WORKER, ask, interpreter, run_key
+from support.sweeps import megatron_data, random_blend_config, words
 from support.sweeps import REFUSED_AT_MOST, build_and_compare, count_compared, labelled, random_config
-from support.tokenizer_cases import sweep_tokenizers
-from support.tokenizer_files import write_tokenizer_files
+from support.sweeps import sweep_configurations
+from support.inputs.tokenizer_cases import sweep_tokenizers
+from support.inputs.tokenizer_files import write_tokenizer_files
 
 pytestmark = pytest.mark.oracle_environments
 
@@ -39,25 +41,22 @@ COUNT = 200
 
 
 def configurations(kind: str, root: str) -> list[dict]:
-    """The sweep's configurations, in the oracle worker's terms (datasets under ``root``)."""
+    """The sweep's configurations as the oracle worker's caches task takes them, each with its
+    datasets to write under ``root`` (``prefixes``, their sequence lengths and ``write_lengths``'
+    keywords)."""
     rng = np.random.default_rng(19 if kind == "single" else 20)
     pool = sweep_tokenizers(os.path.join(root, "tokenizers"))
     out = []
     for i in range(COUNT):
         c = random_config(rng) if kind == "single" else random_blend_config(rng, huge=i == 0)
-        datasets = [c.pop("lengths")] if kind == "single" else c.pop("datasets")
-        shapes = [c.pop("shape")] if kind == "single" else c.pop("shapes")
+        datasets, shapes = ([c.lengths], [c.shape]) if kind == "single" else (c.datasets, c.shapes)
         prefixes = [os.path.join(root, f"c{i:03d}", f"d{j:04d}") for j in range(len(datasets))]
-        c.update(datasets=[d.tolist() for d in datasets], shapes=shapes, prefixes=prefixes, tokenizer=pool[i % len(pool)],
-                 tokenizer_cwd=os.path.join(root, "tokenizers"),
-                 path_to_cache=os.path.join(root, f"c{i:03d}", "theirs"))
-        if kind == "single":
-            c["blend"] = [prefixes, None]
-        elif c["per_split"]:
-            c["blend_per_split"] = [None if b is None else [list(b[0]), b[1]] for b in per_split_blends(c, prefixes)]
-        else:
-            c["blend"] = [prefixes, c["weights"]]
-        out.append(c)
+        out.append(dict(seq_length=c.seq_length, sizes=list(c.sizes), seed=c.seed, add_extra_token=c.add_extra_token,
+                        drop_last_partial_validation=c.drop_last_partial_validation, **megatron_data(c, prefixes),
+                        datasets=[d.tolist() for d in datasets], shapes=[asdict(s) for s in shapes],
+                        prefixes=prefixes, tokenizer=pool[i % len(pool)],
+                        tokenizer_cwd=os.path.join(root, "tokenizers"),
+                        path_to_cache=os.path.join(root, f"c{i:03d}", "theirs")))
     return out
 
 
@@ -113,9 +112,9 @@ def our_config(c: dict, cache: str, tuning: dict, identities: dict | None = None
     ``identities`` (what the Megatron asked answered)."""
     tokenizer = (identities[json.dumps(c["tokenizer"])] if identities is not None else
                  tokenizer_identifiers(megatron_version=VERSION, **c["tokenizer"]))
-    common = dict(seq_length=c["L"], sizes=tuple(c["sizes"]), tokenizer=tokenizer, seed=c["seed"], cache_dir=cache,
-                  add_extra_token=bool(c["x"]), drop_last_partial_validation=c["drop_last"],
-                  megatron_version=VERSION)
+    common = dict(seq_length=c["seq_length"], sizes=tuple(c["sizes"]), tokenizer=tokenizer, seed=c["seed"],
+                  cache_dir=cache, add_extra_token=c["add_extra_token"],
+                  drop_last_partial_validation=c["drop_last_partial_validation"], megatron_version=VERSION)
     if c.get("blend_per_split"):
         blends = [None if b is None else parse_blend(words(*b)) for b in c["blend_per_split"]]
         return BuildConfig(blend_per_split=blends, split=None, **common, **tuning)
@@ -134,7 +133,7 @@ def sweep(comm: Comm, kind: str, ask_megatron: bool = False, **tuning) -> dict[s
                                    c["path_to_cache"], refusal)
         if result is None:
             return "refused"
-        count_compared(stats, c["shapes"][0])
+        count_compared(stats, c["shapes"][0]["dtype"])
         return f"{c['tokenizer']['tokenizer_type']}" + (" blend" if result.blends else "")
 
     stats: dict[str, int] = {}

@@ -1,4 +1,7 @@
-"""Helpers shared by the test tiers: oracles, corpora, sweeps."""
+"""Helpers shared by the test tiers, by role: ``oracles`` (the real packages run as references, the
+scripts they run and the recorders of their answers), ``inputs`` (corpora, datasets, tokenizer files
+and commands), ``systems`` (the cluster, faults, S3 server, torchrun ranks and venvs the tests run
+megacache under) and ``sweeps`` (the conformance sweeps); the few helpers every tier uses are below."""
 
 import contextlib
 import shutil

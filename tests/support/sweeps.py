@@ -1,12 +1,15 @@
 """The conformance sweeps' shared pieces: random configurations (one prefix, blends), megatron-core
-building them (the oracle), and megacache building the same and comparing whole cache directories;
-the build command line of the system tests."""
+building them (the oracle), megacache building the same and comparing whole cache directories, and
+running each configuration in a fresh shared directory; the build command line of the system tests."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -16,8 +19,9 @@ from megacache.megatron.blends import parse_blend
 from megacache.errors import MegacacheError
 from megacache.megatron.tokenizer import tokenizer_identifiers
 from megacache.megatron.training import split_sizes
-from support.corpus import free_port
-from support.oracle import megatron_datasets, random_lengths
+from support.inputs.corpus import free_port
+from support.inputs.indexed import random_lengths, write_lengths
+from support.oracles.megatron_core import megatron_datasets
 
 
 # What megatron-core's tokenizer for --tokenizer-type NullTokenizer --vocab-size 1000 identifies as
@@ -29,42 +33,74 @@ SPLITS = ["969, 30, 1", "969,30,1", "90,5,5", "99,1,0", "1,1,1", "100,0,0", "0,1
           "98,2", "7,2,1"]
 
 
-def random_config(rng: np.random.Generator) -> dict:
+@dataclass(frozen=True)
+class DatasetShape:
+    """How a sweep dataset is stored (``write_lengths``' keywords): its token width, and the sequence
+    indices its documents start at (0 to the count; None: one sequence per document)."""
+
+    dtype: str = "uint16"
+    documents: list[int] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class PrefixSweepConfig:
+    """A configuration of the one-prefix sweeps: the dataset (its sequence lengths, how it is
+    stored) and what the build is asked, each field named as BuildConfig names it."""
+
+    lengths: np.ndarray
+    split: str
+    sizes: tuple[int | None, int | None, int | None]  # requested samples (train, valid, test); None: one epoch
+    seq_length: int
+    add_extra_token: bool
+    seed: int
+    drop_last_partial_validation: bool
+    shape: DatasetShape = field(default_factory=DatasetShape)
+
+
+def random_config(rng: np.random.Generator) -> PrefixSweepConfig:
     count = int(rng.integers(1, 3000))
     lengths = random_lengths(rng, count)
     if lengths.sum() == 0:
         lengths[0] = 5
-    L = int(rng.choice([1, 2, 7, 16, 64, 300, 1000]))
-    x = int(rng.integers(0, 2))
+    seq_length = int(rng.choice([1, 2, 7, 16, 64, 300, 1000]))
+    add_extra_token = bool(rng.integers(0, 2))
     tokens = int(lengths.sum())
     sizes = []
     for _ in range(3):
         kind = rng.integers(0, 4)
         # None (one epoch), 0, about one epoch, many epochs
         sizes.append(None if kind == 0 else 0 if kind == 1 else
-                     int(rng.integers(1, max(2, tokens // L))) if kind == 2 else
-                     int(rng.integers(1, 30) * max(1, tokens // L)))
-    return dict(lengths=lengths, split=str(rng.choice(SPLITS)), sizes=sizes, L=L, x=x,
-                seed=int(rng.choice([0, 1234, 2**32 - 1, int(rng.integers(0, 2**32))])),
-                drop_last=bool(rng.integers(0, 2)), shape=dataset_shape(np.random.default_rng([count, tokens]), count))
+                     int(rng.integers(1, max(2, tokens // seq_length))) if kind == 2 else
+                     int(rng.integers(1, 30) * max(1, tokens // seq_length)))
+    # the keywords' order is the order of the draws
+    return PrefixSweepConfig(lengths=lengths, split=str(rng.choice(SPLITS)), sizes=tuple(sizes), seq_length=seq_length,
+                             add_extra_token=add_extra_token,
+                             seed=int(rng.choice([0, 1234, 2**32 - 1, int(rng.integers(0, 2**32))])),
+                             drop_last_partial_validation=bool(rng.integers(0, 2)),
+                             shape=dataset_shape(np.random.default_rng([count, tokens]), count))
 
 
-def dataset_shape(rng: np.random.Generator, count: int, dtype: str | None = None) -> dict:
-    """How a sweep dataset of ``count`` sequences is stored (``write_lengths``' keywords): its token
-    width, ``dtype`` or else uint16 or int32 (every current LLM vocabulary, 128K to 200K tokens,
-    gives int32), and for about a third, documents of several sequences. Drawn from a generator of
-    its own, so that the configurations' other draws are what the sweeps' thresholds were set on."""
-    shape: dict = {"dtype": dtype or str(rng.choice(["uint16", "int32"]))}
+def dataset_shape(rng: np.random.Generator, count: int, dtype: str | None = None) -> DatasetShape:
+    """How a sweep dataset of ``count`` sequences is stored: its token width, ``dtype`` or else
+    uint16 or int32 (every current LLM vocabulary, 128K to 200K tokens, gives int32), and for about a
+    third, documents of several sequences. Drawn from a generator of its own, so that the
+    configurations' other draws are what the sweeps' thresholds were set on."""
+    dtype = dtype or str(rng.choice(["uint16", "int32"]))
     if count > 1 and rng.random() < 0.3:
-        shape["documents"] = [0, *(np.flatnonzero(rng.random(count - 1) < 0.5) + 1).tolist(), count]
-    return shape
+        return DatasetShape(dtype, [0, *(np.flatnonzero(rng.random(count - 1) < 0.5) + 1).tolist(), count])
+    return DatasetShape(dtype)
 
 
-def prefix_build_config(c: dict, prefix: str, cache: str) -> BuildConfig:
+def write_sweep_dataset(prefix: str, lengths: np.ndarray, shape: DatasetShape) -> None:
+    """A sweep dataset of these sequence lengths, stored as ``shape`` says."""
+    write_lengths(prefix, lengths, shape.dtype, shape.documents)
+
+
+def prefix_build_config(c: PrefixSweepConfig, prefix: str, cache: str) -> BuildConfig:
     """megacache's configuration for ``random_config``'s ``c`` over ``prefix``."""
-    return BuildConfig.for_prefix(prefix, seq_length=c["L"], sizes=tuple(c["sizes"]), tokenizer=NULL_TOKENIZER,
-                                  split=c["split"], seed=c["seed"], cache_dir=cache, add_extra_token=bool(c["x"]),
-                                  drop_last_partial_validation=c["drop_last"])
+    return BuildConfig.for_prefix(prefix, seq_length=c.seq_length, sizes=c.sizes, tokenizer=NULL_TOKENIZER,
+                                  split=c.split, seed=c.seed, cache_dir=cache, add_extra_token=c.add_extra_token,
+                                  drop_last_partial_validation=c.drop_last_partial_validation)
 
 
 def cache_files(directory: str) -> dict[str, bytes]:
@@ -75,14 +111,14 @@ def cache_files(directory: str) -> dict[str, bytes]:
             if e.is_file()}
 
 
-#: megatron-core's refusals in the sweeps (``support.oracle_worker.refusal``: the exception, the source
+#: megatron-core's refusals in the sweeps (``support.oracles.megatron_worker.refusal``: the exception, the source
 #: line that raised it, its message), each with the reason megacache gives for the same condition (a
 #: template of the first's groups, or a function of its match)
 REFUSALS = [
     (r"AssertionError in helpers\.py build_sample_idx: assert sample_idx\.min\(\) >= 0",
      r"the last document of the shuffled document index is empty"),
     (r"ValueError in helpers\.py build_sample_idx: assert sample_idx\.min\(\) >= 0.* \| zero-size array",
-     r"the split has 0 tokens: no sample of sequence_length"),
+     r"the split has 0 tokens: no sample of seq_length"),
     # megatron-core's "number" counts only the datasets the blend draws any sample from (it enumerates
     # numpy.unique of the dataset index); megacache names the dataset's place in the blend
     (r"IndexError in blended_dataset\.py _build_indices: .* \| The (\w+) blend oversamples .* requests (\d+) "
@@ -130,9 +166,10 @@ def build_and_compare(cfg, comm, theirs: str, refusal: str | None):
     return result
 
 
-def count_compared(stats: dict, shape: dict) -> None:
-    """Count a comparison in ``stats`` by its datasets' token width ("uint16 compared", "int32 compared")."""
-    key = f"{shape['dtype']} compared"
+def count_compared(stats: dict, dtype: str) -> None:
+    """Count a comparison in ``stats`` by its datasets' token width, ``dtype`` ("uint16 compared",
+    "int32 compared")."""
+    key = f"{dtype} compared"
     stats[key] = stats.get(key, 0) + 1
 
 
@@ -173,24 +210,46 @@ def random_weights(rng: np.random.Generator, n: int) -> list[float]:
     return rng.lognormal(0, 2, n).clip(1e-4).tolist()
 
 
-def random_blend_config(rng: np.random.Generator, huge: bool = False) -> dict:
+@dataclass(frozen=True, eq=False)
+class BlendSweepConfig:
+    """A configuration of the blend sweeps: the datasets (each one's sequence lengths, how it is
+    stored), their weights (None: unweighted), and what the build is asked, each field named as
+    BuildConfig names it; ``per_split``: the datasets given per split (``per_split_blends``), not
+    split by ``split``."""
+
+    datasets: list[np.ndarray]
+    weights: list[float] | None
+    split: str
+    sizes: tuple[int | None, int | None, int | None]  # requested samples (train, valid, test); None: exhaustive
+    seq_length: int
+    add_extra_token: bool
+    seed: int
+    drop_last_partial_validation: bool
+    per_split: bool
+    shapes: list[DatasetShape]
+
+
+def random_blend_config(rng: np.random.Generator, huge: bool = False) -> BlendSweepConfig:
     n = 2000 if huge else int(rng.choice([2, 2, 3, 4, 5, 8, 12, 24]))
     datasets = []
     for _ in range(n):
         count = int(rng.integers(20, 60)) if n > 100 else int(rng.integers(20, 400))
         lengths = rng.integers(1, int(rng.choice([8, 64, 400])), count).astype(np.int32)
         datasets.append(lengths)
-    L = int(rng.choice([1, 4, 16, 50, 128]))
+    seq_length = int(rng.choice([1, 4, 16, 50, 128]))
     scale = 10 ** float(rng.uniform(1, 7 if n <= 5 else 5 if n <= 40 else 3))
     sizes = [int(scale), int(scale * rng.uniform(0, 0.1)), int(scale * rng.uniform(0, 0.02))]
     weighted = rng.random() < 0.7
     per_split = rng.random() < 0.2
     if not weighted and rng.random() < 0.3:
         sizes[int(rng.integers(0, 3))] = None  # exhaustive blending for that split
-    c = dict(datasets=datasets, weights=random_weights(rng, n) if weighted else None,
-             split="100,0,0" if huge else str(rng.choice(BLEND_SPLITS)), sizes=sizes, L=L, x=int(rng.integers(0, 2)),
-             seed=int(rng.integers(0, 2**32)), drop_last=bool(rng.integers(0, 2)), per_split=per_split)
-    shapes = np.random.default_rng([c["seed"], n])
+    # in the order of the draws
+    weights = random_weights(rng, n) if weighted else None
+    split = "100,0,0" if huge else str(rng.choice(BLEND_SPLITS))
+    add_extra_token = bool(rng.integers(0, 2))
+    seed = int(rng.integers(0, 2**32))
+    drop_last_partial_validation = bool(rng.integers(0, 2))
+    shapes = np.random.default_rng([seed, n])
     for lengths in datasets:
         # empty documents in about a third of the larger datasets; never two in a row, so that every
         # split range (>= 5 % of the sequences, BLEND_SPLITS) keeps tokens: megatron-core loops
@@ -200,8 +259,10 @@ def random_blend_config(rng: np.random.Generator, huge: bool = False) -> dict:
             lengths[odd[shapes.random(len(odd)) < 0.2]] = 0
     # one token width for the blend, as one tokenizer gives (megacache refuses mixed widths)
     dtype = str(shapes.choice(["uint16", "int32"]))
-    c["shapes"] = [dataset_shape(shapes, len(lengths), dtype) for lengths in datasets]
-    return c
+    return BlendSweepConfig(datasets=datasets, weights=weights, split=split, sizes=tuple(sizes), seq_length=seq_length,
+                            add_extra_token=add_extra_token, seed=seed,
+                            drop_last_partial_validation=drop_last_partial_validation, per_split=per_split,
+                            shapes=[dataset_shape(shapes, len(lengths), dtype) for lengths in datasets])
 
 
 def words(prefixes: list[str], weights) -> list[str]:
@@ -210,37 +271,42 @@ def words(prefixes: list[str], weights) -> list[str]:
     return [w for pair in zip(map(repr, weights), prefixes) for w in pair]
 
 
-def per_split_blends(c: dict, prefixes: list[str]) -> list:
+def per_split_blends(c: BlendSweepConfig, prefixes: list[str]) -> list:
     """Per-split data: train takes every prefix, valid the first half, test one prefix (or none)."""
     half = max(2, len(prefixes) // 2)
-    w = c["weights"]
+    w = c.weights
     return [(prefixes, w), (prefixes[:half], None if w is None else w[:half]),
-            None if c["sizes"][2] is None else (prefixes[-1:], None if w is None else w[-1:])]
+            None if c.sizes[2] is None else (prefixes[-1:], None if w is None else w[-1:])]
 
 
-def blend_build_config(c: dict, prefixes: list[str], cache: str, **tuning) -> BuildConfig:
+def blend_build_config(c: BlendSweepConfig, prefixes: list[str], cache: str, **tuning) -> BuildConfig:
     """megacache's configuration for ``random_blend_config``'s ``c`` over ``prefixes``."""
-    if c["per_split"]:
+    if c.per_split:
         blends = [None if b is None else parse_blend(words(*b)) for b in per_split_blends(c, prefixes)]
         data = dict(blend_per_split=blends, split=None)
     else:
-        data = dict(blend=parse_blend(words(prefixes, c["weights"])), split=c["split"])
-    return BuildConfig(seq_length=c["L"], sizes=tuple(c["sizes"]), tokenizer=NULL_TOKENIZER, seed=c["seed"],
-                       cache_dir=cache, add_extra_token=bool(c["x"]),
-                       drop_last_partial_validation=c["drop_last"], **data, **tuning)
+        data = dict(blend=parse_blend(words(prefixes, c.weights)), split=c.split)
+    return BuildConfig(seq_length=c.seq_length, sizes=c.sizes, tokenizer=NULL_TOKENIZER, seed=c.seed,
+                       cache_dir=cache, add_extra_token=c.add_extra_token,
+                       drop_last_partial_validation=c.drop_last_partial_validation, **data, **tuning)
 
 
-def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
+def megatron_data(c: PrefixSweepConfig | BlendSweepConfig, prefixes: list[str]) -> dict:
+    """The data of ``c`` over ``prefixes`` as megatron-core's GPTDatasetConfig takes it: ``blend``
+    and ``split``, or ``blend_per_split``."""
+    if isinstance(c, BlendSweepConfig) and c.per_split:
+        return dict(blend_per_split=per_split_blends(c, prefixes))
+    return dict(blend=(prefixes, c.weights if isinstance(c, BlendSweepConfig) else None), split=c.split)
+
+
+def megatron_build(mcore, prefixes, c: PrefixSweepConfig | BlendSweepConfig, cache: str) -> None | str:
     """megatron-core builds and saves every cache of ``random_config``'s or ``random_blend_config``'s
     ``c`` (a blend's in a torch_group); None, or how it refused (``refusal``)."""
-    if c.get("per_split"):
-        data = dict(blend_per_split=per_split_blends(c, prefixes))
-    else:
-        data = dict(blend=(prefixes, c.get("weights")), split=c["split"])
     try:
-        megatron_datasets(mcore, c["sizes"], c["seed"], c["L"], c["x"], c["drop_last"], cache, True, **data)
+        megatron_datasets(mcore, list(c.sizes), c.seed, c.seq_length, c.add_extra_token,
+                          c.drop_last_partial_validation, cache, True, **megatron_data(c, prefixes))
     except Exception as exc:  # megacache must refuse these too, for the same reason
-        from support.oracle_worker import refusal
+        from support.oracles.megatron_worker import refusal
 
         return refusal(exc)
     return None
@@ -249,8 +315,8 @@ def megatron_build(mcore, prefixes, c: dict, cache: str) -> None | str:
 TOKENIZER_FLAGS = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
 
 
-def build_args(cache: str, data: list[str], L: int, samples: int) -> list[str]:
-    return ["build", "--data-path", *data, "--seq-length", str(L), "--train-samples", str(samples),
+def build_args(cache: str, data: list[str], seq_length: int, samples: int) -> list[str]:
+    return ["build", "--data-path", *data, "--seq-length", str(seq_length), "--train-samples", str(samples),
             "--global-batch-size", "8", "--eval-iters", "10", "--eval-interval", "1000", "--data-cache-path", cache,
             *TOKENIZER_FLAGS]
 
@@ -258,3 +324,22 @@ def build_args(cache: str, data: list[str], L: int, samples: int) -> list[str]:
 def build_sizes(samples: int) -> tuple:
     """The sizes ``build_args`` asks for."""
     return split_sizes(train_samples=samples, global_batch_size=8, eval_iters=10, eval_interval=1000)
+
+
+def sweep_configurations(comm, configurations, run) -> dict[str, int]:
+    """``run(workdir, c)`` for each configuration in a fresh shared directory; counts of the labels
+    it returns."""
+    outcomes: dict[str, int] = {}
+    for c in configurations:
+        # Rank 0 alone deletes, creates and (in ``run``) runs the oracle: MPICH's blocking calls poll
+        # at full speed, so the other ranks wait quietly rather than take its core.
+        comm.wait_quietly()
+        workdir = comm.bcast(tempfile.mkdtemp(prefix="megacache-sweep-") if comm.rank == 0 else None)
+        try:
+            label = run(workdir, c)
+        finally:
+            comm.wait_quietly()
+            if comm.rank == 0:
+                shutil.rmtree(workdir)
+        outcomes[label] = outcomes.get(label, 0) + 1
+    return outcomes

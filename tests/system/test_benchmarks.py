@@ -1,7 +1,10 @@
 """The benchmark suite runs end to end: ``python -m benchmarks run --suite smoke`` (every workload at a
 tiny size, P = 1 and 2 under real mpiexec, megatron-core beside megacache, outputs compared byte for
 byte) writes its JSON lines, plots and table, and the projection is computed from them; the start
-suite (``--suite start-smoke``) measures training's start on 2 gloo ranks and writes its table."""
+suite (``--suite start-smoke``) measures training's start on 2 gloo ranks and writes its table;
+``benchmarks.sft_pack`` times megacache pack and Megatron-Bridge alternately, their bytes compared;
+``benchmarks.object_storage`` times tokenize and build from moto's S3 server beside local disk, with
+the requests and bytes its proxy counts."""
 
 from __future__ import annotations
 
@@ -176,7 +179,7 @@ def test_start_suite_measures_each_rank_and_writes_its_table(tmp_path):
     prepare_cache; per configuration and rank the seconds to sample 0, the files opened and the
     peak RSS; megatron-core's own cache byte-identical to megacache's; START.md and the README's block.
     (b) takes the path of (a) with megacache's cache; it is left out to keep this test short."""
-    from support.oracles import ROOT as ORACLES, built
+    from support.oracles.environments import ROOT as ORACLES, built
 
     if not built(ORACLES):
         pytest.skip(f"megatron-core 0.19.2 oracle environment not built in {ORACLES}: run bash "
@@ -215,3 +218,55 @@ def test_start_suite_measures_each_rank_and_writes_its_table(tmp_path):
     c1 = record["configs"]["c"]["median"]["ranks"][1]
     assert "| (c) megacache's cache, fast load | " in text and f"{c1['data_s']:.2f} s ({c1['whole_s']:.1f} s)" in text
     assert re.search(r"\(a\) / \(c\) on the waiting rank \(rank 1\): \*\*\d+x\*\*", text), text
+
+
+@pytest.mark.slow
+@pytest.mark.oracle_environments
+def test_sft_pack_times_both_sides_and_compares_their_bytes(tmp_path):
+    from support.oracles.environments import BRIDGE_ROOT, built
+
+    if not built(BRIDGE_ROOT):
+        pytest.skip("Megatron-Bridge oracle not built: run bash tests/bridge_oracle.sh")
+    results = tmp_path / "sft_pack.jsonl"
+    run = subprocess.run([sys.executable, "-m", "benchmarks.sft_pack", "--examples", "300", "--repeats", "2",
+                          "--results", str(results)], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    # alternating: Bridge first in the first pair, megacache first in the second
+    assert [(r["pair"], r["side"], r["first"]) for r in records] == [
+        (0, "bridge", True), (0, "megacache", False), (1, "megacache", True), (1, "bridge", False)]
+    for r in records:
+        assert r["identical_bytes"] > 0 and r["wall_s"] > 0 and r["packing"]["examples"] == 300, r
+        assert r["commit"] and r["cores"] >= 1 and len(r["loadavg_before"]) == 3
+    assert [len(r["rss_kb"]) for r in records] == [1, 2, 2, 1]
+    assert re.search(r"medians of 2: Bridge [0-9.]+ s, megacache P=2 [0-9.]+ s: [0-9.]+x", run.stdout), run.stdout
+
+
+@pytest.mark.slow
+def test_object_storage_times_bucket_and_local_and_counts_requests(tmp_path):
+    from support.systems.s3server import moto_available
+
+    if not moto_available():
+        pytest.skip("moto's S3 server is not installed: pip install 'moto[server]' (the test extra has it)")
+    results = tmp_path / "object_storage.jsonl"
+    run = subprocess.run([sys.executable, "-m", "benchmarks.object_storage", "--megabytes", "1", "--repeats", "1",
+                          "--results", str(results)], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    records = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["step"], r["side"], r["first"]) for r in records] == [
+        (step, side, side == "local") for step in ("tokenize", "build", "build_blend") for side in ("local", "bucket")]
+    for r in records:
+        assert r["identical_bytes"] > 0 and r["wall_s"] > 0 and r["commit"] and len(r["cpu_s"]) == 2, r
+        assert ("requests_by_kind" in r) == (r["side"] == "bucket"), r
+    tokenize, build, blend = (r for r in records if r["side"] == "bucket")
+    # the text listed and read, the dataset written
+    assert tokenize["requests_by_kind"]["LIST"] >= 1 and tokenize["requests_by_kind"]["GET"] >= 1
+    assert tokenize["bytes_downloaded"] >= tokenize["corpus_bytes"] and tokenize["bytes_uploaded"] > 0
+    # a build reads each .idx once and writes nothing to the bucket
+    assert (build["requests_by_kind"]["GET"], blend["requests_by_kind"]["GET"]) == (1, 2)
+    assert build["bytes_uploaded"] == blend["bytes_uploaded"] == 0 and build["bytes_downloaded"] > 0
+    assert not {"PUT", "multipart_part", "DELETE"} & set(build["requests_by_kind"])
+    assert re.search(r"^  tokenize: local [0-9.]+ s, bucket [0-9.]+ s; bucket requests .*GET \d+", run.stdout,
+                     re.MULTILINE), run.stdout

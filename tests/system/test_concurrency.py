@@ -14,13 +14,13 @@ import time
 import numpy as np
 import pytest
 
-from support.corpus import free_port
+from support.inputs.corpus import free_port
 from megacache.builders.build import BuildConfig, build
 from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.runtime.coordination import Lock, Monitor, guarded, post_mortem, this_process
 from megacache.runtime.environment import stale_s
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 from support.sweeps import NULL_TOKENIZER, cache_files
 from support.sweeps import build_args, build_sizes
 
@@ -61,7 +61,7 @@ def test_two_builds_started_together_end_with_one_correct_cache(tmp_path):
 
 
 def test_two_tokenizes_of_one_prefix_started_together(tmp_path):
-    from support.corpus import documents, write_jsonl
+    from support.inputs.corpus import documents, write_jsonl
 
     write_jsonl(str(tmp_path / "in.jsonl"), documents(3000, seed=4))
     prefix = str(tmp_path / "out")

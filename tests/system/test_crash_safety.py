@@ -20,14 +20,14 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from support.corpus import children, documents, processes, write_jsonl
-from support.faults import current_phases, final_files, leftovers
+from support.inputs.corpus import children, documents, processes, write_jsonl
+from support.systems.faults import current_phases, final_files, leftovers
 from megacache.megatron.blends import parse_blend
 from megacache.builders.build import BuildConfig, build
 from megacache.builders.tokenize import TokenizeConfig, tokenize
 from megacache.runtime.comm import SingleComm
 from megacache.runtime.fsio import STATE_DIR
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 from support.sweeps import build_args, build_sizes
 from support.sweeps import NULL_TOKENIZER
 

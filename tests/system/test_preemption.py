@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from support.corpus import children, documents, processes, run_megacache, write_jsonl
+from support.inputs.corpus import children, documents, processes, run_megacache, write_jsonl
 from megacache.runtime.fsio import TMP_MARK
-from support.faults import final_files, leftovers, lock_held, wait_for_phase
-from support.oracle import write_lengths
+from support.systems.faults import final_files, leftovers, lock_held, wait_for_phase
+from support.inputs.indexed import write_lengths
 from support.sweeps import build_args
 
 ENV = dict(os.environ, PYTHONWARNINGS="ignore", MEGACACHE_HEARTBEAT_S="0.2")

@@ -15,9 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from support.corpus import run_megacache
-from support.faults import leftovers
-from support.oracle import write_lengths
+from support.inputs.corpus import run_megacache
+from support.systems.faults import leftovers
+from support.inputs.indexed import write_lengths
 from support.sweeps import TOKENIZER_FLAGS, build_args
 
 #: one progress line: the command, each phase shown (separated by "; "), the time elapsed

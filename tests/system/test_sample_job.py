@@ -1,7 +1,7 @@
 """The README's first command, ``pip install -e '.[mpich]' && bash tests/sample_job.sh``: the
 install, the kernels compiled, the sample corpus, tokenize and build on 2 MPI ranks, verify. Under
 this interpreter (the suite's own environment), and in a venv of every other Python the project
-declares (3.10 to 3.13, as pyenv has them on this machine kind: support/venvs.py), the kernels
+declares (3.10 to 3.13, as pyenv has them on this machine kind: support/systems/venvs.py), the kernels
 compiled afresh every time, into the test's own directory."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from support.venvs import HERE, PYTHONS, REPO, interpreter, venv
+from support.systems.venvs import HERE, PYTHONS, REPO, interpreter, venv
 
 
 def check_sample_job(done: subprocess.CompletedProcess, out, kernels: str) -> None:

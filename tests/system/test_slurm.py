@@ -125,7 +125,7 @@ def test_scancel_stops_the_prebuild_job_and_a_resubmitted_job_resumes(tmp_path, 
     one-rank tokenize."""
     import time
 
-    from support.faults import current_phases, lock_held
+    from support.systems.faults import current_phases, lock_held
 
     require_slurm()
     env = without_mpi(dict(os.environ))

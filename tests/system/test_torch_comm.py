@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from support import without_mpi
-from support.corpus import free_port
+from support.inputs.corpus import free_port
 
 RANK_MAIN = r"""
 import json, os, sys

@@ -13,18 +13,17 @@ import sys
 import numpy as np
 
 from support import without_mpi
-from support.corpus import free_port
-from support.oracle import write_lengths
-from support.oracles import SUPPORT
+from support.inputs.corpus import free_port
+from support.inputs.indexed import write_lengths
+from support.systems import TORCHRUN_RANK
 
 
 def torchrun(spec_path: str, nproc: int = 2) -> None:
     """The real launcher (``torchrun`` is ``python -m torch.distributed.run``) on
-    tests/support/torchrun_rank.py."""
-    script = os.path.join(SUPPORT, "torchrun_rank.py")
+    tests/support/systems/torchrun_rank.py."""
     env = without_mpi(dict(os.environ, PYTHONWARNINGS="ignore"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", script, spec_path]
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", TORCHRUN_RANK, spec_path]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -40,7 +39,7 @@ def test_rank_init_builds_once_then_opens_and_feeds_a_distributed_loader(tmp_pat
     prefix = str(tmp_path / "corpus")
     write_lengths(prefix, rng.integers(1, 120, 400))
     cache = str(tmp_path / "cache")
-    spec = {"prefix": prefix, "L": 32, "sizes": [900, 40, 10], "split": "90,8,2", "seed": 99, "cache": cache,
+    spec = {"prefix": prefix, "seq_length": 32, "sizes": [900, 40, 10], "split": "90,8,2", "seed": 99, "cache": cache,
             "tokenizer": tokenizer_identifiers("NullTokenizer", vocab_size=1000), "out": str(tmp_path / "out"),
             "tests": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     spec_path = str(tmp_path / "spec.json")

@@ -31,7 +31,7 @@ import pytest
 from megacache.interfaces.cli import main
 from megacache.formats.indexed import read_layout, write_dataset
 from megacache.runtime.fsio import TMP_MARK
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 
 REPO = Path(__file__).resolve().parents[2]
 VOCAB = 500

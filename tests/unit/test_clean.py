@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+
+import numpy as np
 
 from megacache.runtime.coordination import Lock
-from support.corpus import run_megacache
+from megacache.runtime.fsio import PROGRESS_MARK, STATE_DIR, names
+from support.inputs.corpus import run_megacache
+from support.inputs.indexed import write_lengths
 
 
 def megacache(*args: str) -> subprocess.CompletedProcess:
@@ -72,3 +78,34 @@ def test_clean_under_mpi_cleans_once(tmp_path):
     done = run_megacache(2, "clean", str(tmp_path))
     assert done.stdout == f"megacache clean: {tmp_path}: removed 1 temporary file(s) (3 B)\n"
     assert os.listdir(tmp_path) == []
+
+
+def test_a_killed_verify_leaves_its_progress_which_clean_removes_once_stale(tmp_path):
+    rng = np.random.default_rng(4)
+    prefixes = [str(tmp_path / f"d{i}") for i in range(8)]
+    for prefix in prefixes:
+        write_lengths(prefix, rng.integers(1, 1000, 1_000_000))
+    state = tmp_path / STATE_DIR
+    job = subprocess.Popen(["mpiexec", "-n", "2", sys.executable, "-m", "megacache", "verify", *prefixes,
+                            "--progress-interval", "0.05"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not any(n.startswith(PROGRESS_MARK) for n in names(str(state))):
+        assert job.poll() is None, job.communicate()
+        assert time.monotonic() < deadline, "verify made no progress directory"
+        time.sleep(0.002)
+    os.killpg(job.pid, signal.SIGKILL)
+    job.wait()
+    [left] = os.listdir(state)
+    assert left.startswith(PROGRESS_MARK)
+
+    kept = megacache("clean", str(tmp_path))  # it may be a live job's: kept, and said so
+    assert kept.returncode == 0, kept.stderr
+    assert re.fullmatch(rf"megacache clean: {tmp_path}: kept {STATE_DIR}/{left}: a verify or convert that may still "
+                        rf"be running updated it \d+ s ago; clean removes it once it is 120 s old\n"
+                        rf"megacache clean: {tmp_path}: nothing left by megacache jobs\n", kept.stdout), kept.stdout
+    cleaned = subprocess.run([sys.executable, "-m", "megacache", "clean", str(tmp_path)], capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "MEGACACHE_STALE_S": "0.001"})
+    assert (cleaned.returncode, cleaned.stderr) == (0, "")
+    assert cleaned.stdout == f"megacache clean: {tmp_path}: removed 1 record(s) of jobs that did not finish\n"
+    assert not state.exists()

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from megacache.interfaces import cli
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 
 RUN = """
 import atexit, gc, sys

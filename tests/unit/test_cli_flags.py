@@ -15,7 +15,7 @@ import pytest
 
 from megacache.interfaces import cli
 from support import run_cli
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 
 
 CASES = [

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from megacache.interfaces import cli
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 
 BUILD = ["build", "--data-path", "d", "--seq-length", "8", "--train-samples", "40", "--global-batch-size", "1",
          "--eval-iters", "2", "--eval-interval", "10", "--tokenizer-type", "NullTokenizer", "--vocab-size", "100",

@@ -21,7 +21,7 @@ import pytest
 
 from megacache.interfaces import cli
 from support import run_cli
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 
 #: stand for the sweep's input directory and for the case's own output path
 T, O = "{t}", "{o}"
@@ -58,6 +58,8 @@ COMMANDS = {
             ("--eval-global-batch-size", "0"): "read as not given: --global-batch-size",
             ("--start-eval-at-iter", "0"): "evaluations from the start",
             ("--per-dataset-sequences-path", ""): "no sequences file (documented)",
+            "--object-storage-cache-path": "read only for datasets in buckets; the local ones here need none, as "
+                                           "Megatron ignores it for them",
             ("--per-dataset-sequences-path", WORD): "a file relative to the current directory",
             ("--padded-vocab-size", "0"): "the embedding's size only: never hashed",
             ("--vocab-extra-ids", "0"): "its default",

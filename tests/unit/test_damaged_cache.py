@@ -21,7 +21,7 @@ from megacache.megatron.blends import parse_blend
 from megacache.megatron.tokenizer import tokenizer_identifiers
 from megacache.runtime.comm import get_comm
 from support import run_cli, shared_directory
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 
 COMMAND = ["build", "--data-path", "0.5", "a", "0.5", "b", "--seq-length", "8", "--train-iters", "40",
            "--global-batch-size", "4", "--eval-iters", "2", "--eval-interval", "10", "--split", "90,8,2",
@@ -156,6 +156,13 @@ def test_an_index_whose_header_or_size_is_wrong_is_refused(how, built, capsys):
                                how == "extended" else "4042 bytes, but S=199 sequences and C=201 document entries "
                                                       "make exactly 4030")
         + ": its header is damaged or the file was extended; re-create the dataset\n")
+
+
+def test_a_build_that_reuses_every_entry_reports_its_checks_as_phases(built, capsys):
+    status, out = cli.main(COMMAND), capsys.readouterr().out
+    assert status == 0 and "(0 built, 9 already there)" in out, out
+    phases = re.search(r"^  phases: (.*)$", out, re.MULTILINE).group(1)
+    assert re.fullmatch(r"plan [0-9.]+ s, drift_check [0-9.]+ s, damage_check [0-9.]+ s", phases), phases
 
 
 @pytest.mark.mpi(min_size=2)

@@ -19,7 +19,7 @@ from megacache.builders.build import BuildConfig, build
 from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.builders.publish import manifest_path
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 from support.sweeps import NULL_TOKENIZER, cache_files
 
 

@@ -13,8 +13,9 @@ import pytest
 
 from megacache.builders.build import build, inventory
 from megacache.runtime.comm import SingleComm
-from support.oracle import write_lengths
-from support.sweeps import blend_build_config, prefix_build_config, random_blend_config, random_config
+from support.inputs.indexed import write_lengths
+from support.sweeps import (BlendSweepConfig, DatasetShape, blend_build_config, prefix_build_config,
+                            random_blend_config, random_config, write_sweep_dataset)
 from megacache.errors import MegacacheError
 
 
@@ -67,7 +68,7 @@ def test_dry_run_names_exactly_what_single_prefix_builds_write(tmp_path):
         c = random_config(rng)
         root = str(tmp_path / f"c{k}")
         os.makedirs(root)
-        write_lengths(os.path.join(root, "data"), c["lengths"], **c["shape"])
+        write_sweep_dataset(os.path.join(root, "data"), c.lengths, c.shape)
         label = check_names_what_build_writes(prefix_build_config(c, os.path.join(root, "data"),
                                                                   os.path.join(root, "cache")), root)
         outcomes[label] = outcomes.get(label, 0) + 1
@@ -81,9 +82,9 @@ def test_dry_run_names_exactly_what_blend_builds_write(tmp_path):
         c = random_blend_config(rng)
         root = str(tmp_path / f"c{k}")
         os.makedirs(root)
-        prefixes = [os.path.join(root, f"d{i:04d}") for i in range(len(c["datasets"]))]
-        for p, lengths, shape in zip(prefixes, c["datasets"], c["shapes"]):
-            write_lengths(p, lengths, **shape)
+        prefixes = [os.path.join(root, f"d{i:04d}") for i in range(len(c.datasets))]
+        for p, lengths, shape in zip(prefixes, c.datasets, c.shapes):
+            write_sweep_dataset(p, lengths, shape)
         label = check_names_what_build_writes(blend_build_config(c, prefixes, os.path.join(root, "cache")), root)
         outcomes[label] = outcomes.get(label, 0) + 1
     assert outcomes.get("ok", 0) >= 20, outcomes
@@ -92,11 +93,12 @@ def test_dry_run_names_exactly_what_blend_builds_write(tmp_path):
 @pytest.fixture
 def built(tmp_path):
     """A blend of two datasets, built."""
-    c = dict(L=16, sizes=[500, 10, 10], seed=3, x=1, drop_last=True, per_split=False, weights=[0.3, 0.7],
-             split="90,5,5")
+    c = BlendSweepConfig(datasets=[np.full(300, 20), np.full(200, 20)], weights=[0.3, 0.7], split="90,5,5",
+                         sizes=(500, 10, 10), seq_length=16, add_extra_token=True, seed=3,
+                         drop_last_partial_validation=True, per_split=False, shapes=[DatasetShape()] * 2)
     prefixes = [str(tmp_path / "a"), str(tmp_path / "b")]
-    for p, n in zip(prefixes, (300, 200)):
-        write_lengths(p, np.full(n, 20))
+    for p, lengths, shape in zip(prefixes, c.datasets, c.shapes):
+        write_sweep_dataset(p, lengths, shape)
     cfg = blend_build_config(c, prefixes, str(tmp_path / "cache"))
     build(cfg, SingleComm())
     return cfg, prefixes

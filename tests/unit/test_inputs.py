@@ -13,7 +13,7 @@ import pytest
 import zstandard
 
 from megacache.errors import InputError, MegacacheError
-from megacache.text.inputs import BadRecords, expand_inputs, plan_units, read_unit
+from megacache.text.inputs import BadRecords, Source, expand_inputs, plan_units, read_unit
 
 # Characters that stress line handling: multi-byte UTF-8, astral plane, Unicode line separators
 # (which must NOT split lines), tabs, quotes and backslashes (JSON escapes).
@@ -75,11 +75,16 @@ def _write_parquet(path, docs: list[str], row_group_size: int) -> str:
     return str(path)
 
 
+def _units(paths, unit_bytes):
+    """``plan_units`` of local files, in the order given."""
+    return plan_units([Source.of_file(str(p)) for p in paths], unit_bytes)
+
+
 def _read_all(paths, unit_bytes, keys=("text",), skip_bad=False, bad=None, batch_bytes=1 << 20):
     """Documents of every unit in order, checking the batch invariants on the way."""
     bad = BadRecords() if bad is None else bad
     out = {k: [] for k in keys}
-    for unit in plan_units(list(paths), unit_bytes):
+    for unit in _units(paths, unit_bytes):
         done = 0
         batches = list(read_unit(unit, list(keys), skip_bad, bad, batch_bytes))
         assert batches, unit
@@ -142,7 +147,7 @@ def test_units_partition_lines_exactly(tmp_path, seed):
         for batch_bytes in (1, 50, 1 << 20):
             assert _read_all([jsonl], unit_bytes, batch_bytes=batch_bytes)["text"] == docs
             assert _read_all([txt], unit_bytes, batch_bytes=batch_bytes)["text"] == txt_docs
-        units = plan_units([jsonl], unit_bytes)
+        units = _units([jsonl], unit_bytes)
         assert sum(u.size for u in units) == os.path.getsize(jsonl)
         assert [u.start for u in units] == list(range(0, os.path.getsize(jsonl), unit_bytes))
 
@@ -151,13 +156,13 @@ def test_units_are_numbered_across_files(tmp_path):
     a = _write(tmp_path / "a.jsonl", _jsonl_bytes(_docs(6, 50), 6))
     b = _write(tmp_path / "b.jsonl.gz", _jsonl_bytes(_docs(7, 50), 7))
     c = _write_parquet(tmp_path / "c.parquet", _docs(8, 50), row_group_size=10)
-    units = plan_units([a, b, c], 1000)
+    units = _units([a, b, c], 1000)
     assert [u.index for u in units] == list(range(len(units)))
     assert [(u.fmt, u.compression) for u in units if u.path == b] == [("jsonl", "gz")]
     meta = pq.read_metadata(c)
     sizes = [sum(rg.column(i).total_compressed_size for i in range(rg.num_columns))
              for rg in map(meta.row_group, range(meta.num_row_groups))]
-    assert [(u.start, u.stop, u.size) for u in plan_units([c], 1)] == [(g, g + 1, sizes[g]) for g in range(5)]
+    assert [(u.start, u.stop, u.size) for u in _units([c], 1)] == [(g, g + 1, sizes[g]) for g in range(5)]
     # Consecutive row groups are gathered until they reach unit_bytes; the last unit takes the rest.
     target, runs, first, acc = sizes[0] + sizes[1], [], 0, 0
     for g, size in enumerate(sizes):
@@ -166,8 +171,8 @@ def test_units_are_numbered_across_files(tmp_path):
             runs.append((first, g + 1))
             first, acc = g + 1, 0
     assert len(runs) in (2, 3) and runs[0] == (0, 2)
-    assert [(u.start, u.stop) for u in plan_units([c], target)] == runs
-    assert [(u.start, u.stop) for u in plan_units([c], 1 << 30)] == [(0, 5)]
+    assert [(u.start, u.stop) for u in _units([c], target)] == runs
+    assert [(u.start, u.stop) for u in _units([c], 1 << 30)] == [(0, 5)]
     assert _read_all([a, b, c], 1000)["text"] == _docs(6, 50) + _docs(7, 50) + _docs(8, 50)
 
 
@@ -190,7 +195,7 @@ def test_several_json_keys(tmp_path):
 def test_batches_are_bounded(tmp_path):
     docs = ["x" * 50] * 200 + ["y" * 5000] + ["z" * 10] * 100
     path = _write(tmp_path / "b.txt", _txt_bytes(docs, 9))
-    unit = plan_units([path], 1 << 30)[0]
+    unit = _units([path], 1 << 30)[0]
     batches = list(read_unit(unit, ["text"], False, BadRecords(), batch_bytes=1000))
     assert [d for b in batches for d in b.texts["text"]] == docs
     assert max(sum(len(d) + 2 for d in b.texts["text"]) for b in batches) <= 1000 + 5002
@@ -198,7 +203,7 @@ def test_batches_are_bounded(tmp_path):
 
 def test_compressed_progress_counts_compressed_bytes(tmp_path):
     path = _write(tmp_path / "p.jsonl.gz", _jsonl_bytes(_docs(10, 3000), 10))
-    unit = plan_units([path], 1)[0]
+    unit = _units([path], 1)[0]
     assert (unit.start, unit.stop, unit.size) == (0, os.path.getsize(path), os.path.getsize(path))
     done = [b.bytes_done for b in read_unit(unit, ["text"], False, BadRecords(), batch_bytes=4096)]
     assert done == sorted(done) and done[-1] == unit.size and len(set(done)) > 2
@@ -217,10 +222,11 @@ def test_expand_inputs_natural_order_union_and_dedup(tmp_path):
         (tmp_path / n).write_bytes(b"")
     got = expand_inputs([str(tmp_path / "d"), str(tmp_path / "top_*.jsonl*"),
                          str(tmp_path / "d" / "shard_2.jsonl"), str(tmp_path / "d" / ".." / "d" / "shard_10.jsonl")])
-    assert got == [str(tmp_path / n) for n in
+    assert [s.path for s in got] == [str(tmp_path / n) for n in
                    ["d/shard_1.txt.zst", "d/shard_2.jsonl", "d/shard_10.jsonl", "d/sub/x_3.parquet",
                     "top_9.jsonl.gz", "top_10.jsonl"]]
-    assert expand_inputs([str(tmp_path / "**" / "x_*.parquet")]) == [str(tmp_path / "d/sub/x_3.parquet")]
+    assert [s.path for s in expand_inputs([str(tmp_path / "**" / "x_*.parquet")])] == \
+        [str(tmp_path / "d/sub/x_3.parquet")]
 
 
 def test_expand_inputs_errors(tmp_path):

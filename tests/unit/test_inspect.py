@@ -8,14 +8,14 @@ import os
 import numpy as np
 import pytest
 
-from support.corpus import run_megacache
+from support.inputs.corpus import run_megacache
 from megacache.interfaces.api import BuildConfig, build
 from megacache.megatron.blends import parse_blend
 from megacache.runtime.comm import SingleComm
 from megacache.errors import MegacacheError
 from megacache.formats.npy import load_npy
 from megacache.readers.inspection import inspect_cache, inspect_dataset, inspect_path
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 
 LENGTHS = [3, 0, 5, 0, 7, 1, 12, 4, 9, 2] * 8  # 80 sequences, 16 empty, 344 tokens
 SETTINGS = dict(seq_length=8, sizes=(50, 5, 2), tokenizer={"class": "t"}, split="80,10,10")

@@ -18,7 +18,7 @@ from megacache.megatron.flags import flag_words
 from megacache.megatron.interpreter import asked_identifiers, differences
 from megacache.megatron.tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
 from megacache.megatron.versions import SUPPORTED
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 
 HF = dict(tokenizer_type="HuggingFaceTokenizer", tokenizer_model="some/model")
 

@@ -11,8 +11,8 @@ from megacache.interfaces import cli
 from megacache.interfaces.api import BuildConfig, PreparedCache, build, open_cache
 from megacache.megatron.blends import parse_blend
 from megacache.runtime.comm import SingleComm
-from support.corpus import documents, write_jsonl
-from support.oracle import write_lengths
+from support.inputs.corpus import documents, write_jsonl
+from support.inputs.indexed import write_lengths
 
 PREFIXES = [f"data/d{i}" for i in range(30)]
 

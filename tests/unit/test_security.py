@@ -16,7 +16,7 @@ from megacache.errors import FormatError, MegacacheError
 from megacache.megatron.cache import CacheEntry, gpt_identifiers
 from megacache.formats.npy import load_npy
 from megacache.text.tokenization import load_tokenizer
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 from support.sweeps import NULL_TOKENIZER
 
 
@@ -66,7 +66,7 @@ def test_created_files_honour_the_umask(tmp_path, umask, mode):
 def test_code_shipped_with_a_tokenizer_is_never_run(tmp_path):
     """A Hugging Face directory whose config asks for its own Python class (``auto_map``, which
     transformers runs only with trust_remote_code): refused, and the module never imported."""
-    from support.corpus import train_bpe
+    from support.inputs.corpus import train_bpe
 
     model = tmp_path / "model"
     model.mkdir()

@@ -19,8 +19,8 @@ from megacache.errors import MegacacheError
 from megacache.formats.indexed import IndexedDataset
 from megacache.runtime.comm import SingleComm
 from megacache.runtime.fsio import STATE_DIR
-from support.corpus import documents, run_megacache, write_jsonl
-from support.faults import leftovers
+from support.inputs.corpus import documents, run_megacache, write_jsonl
+from support.systems.faults import leftovers
 
 NO_TOKENIZER = ("no tokenizer given: pass --tokenizer SPEC (a tokenizer.json, a directory holding a Hugging Face "
                 "or GPT-2 tokenizer, or a BERT vocab.txt) or --tokenizer-type TYPE with its files, as for "

@@ -23,8 +23,8 @@ from megacache.megatron.tokenizer import TOKENIZER_FLAGS
 from megacache.megatron.training import SIZE_FLAGS, split_sizes
 from megacache.megatron.versions import SUPPORTED
 from support import run_cli
-from support.oracle import write_lengths
-from support.training_command import other_flags, training_command, training_yaml
+from support.inputs.indexed import write_lengths
+from support.inputs.training_command import other_flags, training_command, training_yaml
 
 DATA = ["--data-path", "d", "--seq-length", "8", "--train-iters", "20", "--global-batch-size", "2",
         "--eval-iters", "2", "--eval-interval", "10", "--split", "90,8,2", "--seed", "7",

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from support.corpus import run_megacache
+from support.inputs.corpus import run_megacache
 from megacache.formats.indexed import write_dataset
 from megacache.readers.verify import verify_dataset
 
@@ -74,7 +74,7 @@ def test_cli_exit_codes(dataset):
 
 import os
 
-from support.oracle import write_lengths
+from support.inputs.indexed import write_lengths
 from megacache.interfaces.api import BuildConfig, build
 from megacache.megatron.blends import parse_blend
 from megacache.runtime.comm import SingleComm
@@ -168,7 +168,7 @@ def test_sample_offset_beyond_document(gpt_cache):
 def test_offset_rule_holds_on_varied_caches(tmp_path):
     """Empty documents, both add_extra_token settings, partial last validation samples, many
     sequence lengths: the exact offset rule never flags a cache megacache built."""
-    from support.oracle import random_lengths
+    from support.inputs.indexed import random_lengths
 
     rng = np.random.default_rng(11)
     for case in range(8):

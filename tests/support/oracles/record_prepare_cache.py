@@ -1,14 +1,14 @@
 """Records what Megatron-LM's own code writes for whole training commands, so that the tests check
 ``megacache build`` given the same command against it byte for byte without a Megatron-LM checkout:
 tools/prepare_cache.py in each version that has it (0.18, 0.19 and main), the training's own start
-(tests/support/training_datasets_cpu.py: pretrain_gpt.py up to its datasets) in 0.16 and 0.17, and
+(tests/support/oracles/training_datasets_cpu.py: pretrain_gpt.py up to its datasets) in 0.16 and 0.17, and
 in every version the same commands as a --yaml-cfg file read by the training's start. Writes
 tests/data/prepare-cache.json: per version and case, the program that wrote the files, the command
 (every word, as given to megacache), the YAML file where there is one, each file written (its
 sha256) or how it refused, and what megacache's --megatron-python worker
 (megacache/megatron/training_worker.py) reads from the command in that version's tree.
 
-    python tests/support/record_prepare_cache.py /path/to/Megatron-LM.git
+    python tests/support/oracles/record_prepare_cache.py /path/to/Megatron-LM.git
 
 Each version's tree (tools/, megatron/ and pretrain_gpt.py with what it imports, at
 record_training_flags.REFS) runs in the Python 3.12 oracle environment (tests/megatron_oracles.sh),
@@ -27,20 +27,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-SUPPORT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(SUPPORT))  # tests/: the ``support`` package
-sys.path.insert(0, os.path.dirname(os.path.dirname(SUPPORT)))  # the repository: ``benchmarks``
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, TESTS)  # the ``support`` package
+sys.path.insert(0, os.path.dirname(TESTS))  # the repository: ``benchmarks``
 
 from benchmarks.prepare import helpers_env  # noqa: E402
-from support.oracles import ROOT  # noqa: E402
-from support.record_megatron_main import cache_files, dumps, write_datasets  # noqa: E402
-from support.record_training_flags import REFS, git  # noqa: E402
-from support.training_command import training_command  # noqa: E402
+from support.oracles.environments import ROOT  # noqa: E402
+from support.oracles.record_megatron_main import cache_files, dumps, write_datasets  # noqa: E402
+from support.oracles.record_training_flags import REFS, git  # noqa: E402
+from support.inputs.training_command import training_command  # noqa: E402
 
 from megacache.megatron.interpreter import WORKER  # noqa: E402
 from megacache.megatron.versions import SUPPORTED  # noqa: E402
 
-OUT = os.path.join(os.path.dirname(SUPPORT), "data", "prepare-cache.json")
+OUT = os.path.join(TESTS, "data", "prepare-cache.json")
 #: the versions whose tools/prepare_cache.py is recorded; every version's training start is
 PREPARE_CACHE = ("0.18", "0.19", "0.20")
 #: what a --yaml-cfg case leaves out of the command: validate_yaml allows interleaved pipelines only
@@ -89,14 +90,14 @@ def run_case(tree: str, python: str, root: Path, version: str, program: str, cas
     command = [*words, "--data-cache-path", cache]
     record = {"program": program, "words": [*command, "--prepare-cache-world-size", str(world)]}
     if program == "prepare_cache.py":
-        run = [os.path.join(SUPPORT, "prepare_cache_cpu.py"), os.path.join(tree, "tools", "prepare_cache.py"),
+        run = [os.path.join(HERE, "prepare_cache_cpu.py"), os.path.join(tree, "tools", "prepare_cache.py"),
                *record["words"]]
     elif program == "pretrain_gpt.py":
-        run = [os.path.join(SUPPORT, "training_datasets_cpu.py"), *command]
+        run = [os.path.join(HERE, "training_datasets_cpu.py"), *command]
     else:  # the command as a --yaml-cfg file
         yaml_file = f"{version}-{case}.yaml"
         command = without(command, NOT_IN_YAML)
-        run = [os.path.join(SUPPORT, "training_datasets_cpu.py"), "--as-yaml", yaml_file, *command]
+        run = [os.path.join(HERE, "training_datasets_cpu.py"), "--as-yaml", yaml_file, *command]
         record["words"] = ["--yaml-cfg", yaml_file, "--prepare-cache-world-size", str(world)]
     try:
         done = subprocess.run([python, *run], capture_output=True, text=True, env=env, cwd=root, timeout=600)
@@ -157,7 +158,7 @@ def main() -> None:
                     cases.append(case)
     order = {v: i for i, v in enumerate(SUPPORTED)}
     cases.sort(key=lambda c: order[c["version"]])  # stable: each version's cases as recorded
-    recorded = {"recorded_by": "tests/support/record_prepare_cache.py",
+    recorded = {"recorded_by": "tests/support/oracles/record_prepare_cache.py",
                 "commits": {v: commits[v] for v in SUPPORTED}, "cases": cases}
     with open(OUT + ".tmp", "w", encoding="utf-8") as f:
         f.write(dumps(recorded))

@@ -4,7 +4,7 @@ it, a DataLoader with DistributedSampler reads megacache's TokenDataset, and meg
 serves the same indices from the same cache. Writes ``<out>.<rank>.npy`` (the batches and
 megatron-core's samples) and ``<out>.<rank>.json``.
 
-    python -m torch.distributed.run --nproc-per-node 2 tests/support/torchrun_rank.py SPEC.json
+    python -m torch.distributed.run --nproc-per-node 2 tests/support/systems/torchrun_rank.py SPEC.json
 """
 
 import json, os, sys, time, warnings
@@ -18,7 +18,7 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 from megacache.interfaces.api import BuildConfig, prepare_cache
 from megacache.interfaces.torchdata import TokenDataset
-cfg = BuildConfig.for_prefix(spec["prefix"], seq_length=spec["L"], sizes=tuple(spec["sizes"]),
+cfg = BuildConfig.for_prefix(spec["prefix"], seq_length=spec["seq_length"], sizes=tuple(spec["sizes"]),
                              tokenizer=spec["tokenizer"], split=spec["split"], seed=spec["seed"],
                              cache_dir=spec["cache"])
 t = time.monotonic()
@@ -31,11 +31,11 @@ batches = torch.cat(list(loader)).numpy()
 indices = list(iter(sampler))
 
 sys.path.insert(0, spec["tests"])
-from support.oracle import megatron_splits, load_mcore
+from support.oracles.megatron_core import megatron_splits, load_mcore
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     mcore = load_mcore()
-    theirs = megatron_splits(mcore, spec["prefix"], spec["split"], spec["sizes"], spec["seed"], spec["L"], 1,
+    theirs = megatron_splits(mcore, spec["prefix"], spec["split"], spec["sizes"], spec["seed"], spec["seq_length"], 1,
                              True, path_to_cache=spec["cache"])[0]
     expected = np.stack([theirs._query_document_sample_shuffle_indices(i)[0] for i in indices])
 np.save(spec["out"] + f".{rank}.npy", np.stack([batches, expected]))

@@ -14,9 +14,15 @@ Requests:
   Megatron-LM's arguments.py builds (``add_megatron_arguments``), and those tools/prepare_cache.py adds
   to it where ``tools`` holds one: each flag's spellings and how many words it takes, and the
   attribute (destination) each training flag sets.
-* ``{"task": "caches", "configs": [...]}``: for each configuration, megatron-core's
+* ``{"task": "caches", "configs": [...]}``: for each configuration (``seq_length``, ``sizes``,
+  ``seed``, ``add_extra_token``, ``drop_last_partial_validation``, ``blend`` and ``split`` or
+  ``blend_per_split``, named as megacache's BuildConfig names them; the tokenizer's flags), megatron-core's
   ``BlendedMegatronDatasetBuilder(GPTDataset, ...).build()`` writing its cache to ``path_to_cache``;
-  the answer per configuration is None or how it refused (``refusal``).
+  the answer per configuration is None or how it refused (``refusal``). A configuration with
+  ``object_storage_cache_path`` reads its s3:// or msc:// datasets as training does from a bucket
+  (``GPTDatasetConfig.object_storage_cache_path``, ``mmap_bin_files=False``), and gets no sequences
+  file; one with ``enable_msc`` turns on megatron-core's multi-storage-client feature first, as
+  training's ``--enable-msc`` does, so that its msc:// paths are read through MSC_CONFIG's profiles.
 """
 
 from __future__ import annotations
@@ -206,15 +212,23 @@ def caches(request: dict) -> list:
                     os.chdir(cwd)
             data = {"blend_per_split": c["blend_per_split"]} if c.get("blend_per_split") else \
                 {"blend": c["blend"], "split": c["split"]}
+            if c.get("enable_msc"):
+                from megatron.core.msc_utils import MultiStorageClientFeature
+
+                MultiStorageClientFeature.enable()
+            if c.get("object_storage_cache_path"):
+                data.update(object_storage_cache_path=c["object_storage_cache_path"], mmap_bin_files=False)
             config = GPTDatasetConfig(
-                random_seed=c["seed"], sequence_length=c["L"], tokenizer=tokenizers_by_flags[key],
+                random_seed=c["seed"], sequence_length=c["seq_length"], tokenizer=tokenizers_by_flags[key],
                 reset_position_ids=False, reset_attention_mask=False, eod_mask_loss=False,
-                add_extra_token_to_sequence=bool(c["x"]), drop_last_partial_validation_sequence=c["drop_last"],
+                add_extra_token_to_sequence=bool(c["add_extra_token"]),
+                drop_last_partial_validation_sequence=c["drop_last_partial_validation"],
                 path_to_cache=c["path_to_cache"], **data)
             with contextlib.redirect_stdout(io.StringIO()), stopped_where_it_loops(GPTDataset):
                 BlendedMegatronDatasetBuilder(GPTDataset, c["sizes"], lambda: True, config).build()
-            write_sequences_file(c.get("blend"), c.get("blend_per_split"),
-                                 os.path.join(c["path_to_cache"], "sequences_per_dataset.json"))
+            if not c.get("object_storage_cache_path"):
+                write_sequences_file(c.get("blend"), c.get("blend_per_split"),
+                                     os.path.join(c["path_to_cache"], "sequences_per_dataset.json"))
             out.append(None)
         except Exception as exc:  # megacache must refuse these too, for the same reason
             out.append(refusal(exc))

@@ -3,7 +3,7 @@
 machine (with ``eos``, each document ends with that id, as OLMo's files need). ``write_megatron``
 writes them as Megatron prefixes, ``write_ds`` as datatrove ``.ds`` files and ``write_olmo`` as OLMo
 token files, holding the same documents (a document without tokens is an empty one in the first two;
-OLMo has none, nor files without documents). tests/support/record_merge_shards.py records what
+OLMo has none, nor files without documents). tests/support/oracles/record_merge_shards.py records what
 megatron-core's ``add_index`` chain makes of them."""
 
 from __future__ import annotations

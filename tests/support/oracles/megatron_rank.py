@@ -3,7 +3,7 @@ interpreter; standalone: megatron-core, torch and numpy only): build the tokeniz
 flags, the datasets with BlendedMegatronDatasetBuilder against a cache directory, and report what it
 logged, which index files it mapped, and the samples it served (rank{R}.json / rank{R}.npz).
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/support/megatron_rank.py SPEC.json
+    python -m torch.distributed.run --nproc_per_node 2 tests/support/oracles/megatron_rank.py SPEC.json
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import warnings
 
 import numpy as np
 
-from oracle_worker import build_tokenizer
+from megatron_worker import build_tokenizer
 
 SPLITS = ("train", "valid", "test")
 GPT_ARRAYS = ("document_index", "sample_index", "shuffle_index")
@@ -55,7 +55,7 @@ def main(spec_path: str) -> None:
         with open(spec["sequences"]) as f:
             fast = dict(fast_cache_load=True, defer_npy_index_mmap=True, sequences_per_dataset=json.load(f))
     config = GPTDatasetConfig(
-        random_seed=spec["seed"], sequence_length=spec["L"], tokenizer=tokenizer, reset_position_ids=False,
+        random_seed=spec["seed"], sequence_length=spec["seq_length"], tokenizer=tokenizer, reset_position_ids=False,
         reset_attention_mask=False, eod_mask_loss=False, add_extra_token_to_sequence=True,
         drop_last_partial_validation_sequence=False, path_to_cache=spec["cache"], **data, **fast)
     datasets = BlendedMegatronDatasetBuilder(GPTDataset, spec["sizes"], lambda: True, config).build()

@@ -1,5 +1,5 @@
 """The tokenizer flag sets the identity tests hand to megacache and to each version's build_tokenizer
-(tests/conformance/test_tokenizer_identity.py), and that tests/support/record_megatron_main.py hands to
+(tests/conformance/test_tokenizer_identity.py), and that tests/support/oracles/record_megatron_main.py hands to
 Megatron-LM main: fixed cases, and random ones per version and type. Paths are relative to the folder
 write_tokenizer_files fills, or under ``root`` (ABS in the fixed cases)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 from megacache.megatron.tokenizer import SUPPORTED_TYPES, TOKENIZER_FLAGS
-from support.tokenizer_files import TIKTOKEN_RANKS
+from support.inputs.tokenizer_files import TIKTOKEN_RANKS
 
 NEW_SYSTEM = {
     "null": dict(tokenizer_type="NullTokenizer", vocab_size=1000),

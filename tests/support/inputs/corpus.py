@@ -81,7 +81,7 @@ def megatron_tokenized(megatron, prefix: str, docs: list[str], **flags) -> tuple
     dtype."""
     import warnings
 
-    from support.oracle_worker import build_tokenizer
+    from support.oracles.megatron_worker import build_tokenizer
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -99,7 +99,7 @@ def file_bytes(prefix: str) -> tuple[bytes, bytes]:
 #: how a test runs the megacache command
 MEGACACHE = (sys.executable, "-m", "megacache")
 #: the commands whose summary says on how many ranks they ran
-RANKS_REPORTED = ("tokenize", "merge", "convert", "build", "verify")
+RANKS_REPORTED = ("tokenize", "merge", "convert", "build", "verify", "pack")
 
 
 def megacache_cmd(ranks: int, *args: str, program=MEGACACHE) -> list[str]:
@@ -154,16 +154,22 @@ def children(table: dict[int, tuple[int, str]], pid: int) -> list[int]:
     return [p for p, (ppid, _) in table.items() if ppid == pid]
 
 
-def kill_tree(pid: int, timeout: float = 30.0) -> None:
-    """SIGKILL a launcher and everything below it, and return once none of them can still write.
-    Killing the launcher alone is not enough: mpiexec's proxies and ranks sit in process groups of
-    their own and go on working until the proxy notices; and a rank inside a rename or fsync
-    completes it before it dies."""
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it, parents first."""
     table = processes()
     tree, frontier = [], [pid]
     while frontier:
         tree += frontier
         frontier = [c for p in frontier for c in children(table, p)]
+    return tree
+
+
+def kill_tree(pid: int, timeout: float = 30.0) -> None:
+    """SIGKILL a launcher and everything below it, and return once none of them can still write.
+    Killing the launcher alone is not enough: mpiexec's proxies and ranks sit in process groups of
+    their own and go on working until the proxy notices; and a rank inside a rename or fsync
+    completes it before it dies."""
+    tree = process_tree(pid)
     for p in reversed(tree):
         try:
             os.kill(p, signal.SIGKILL)

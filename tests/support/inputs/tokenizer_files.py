@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -206,3 +207,49 @@ def widen_sentencepiece(model: Path, out: Path, vocab_size: int) -> Path:
     proto.pieces.extend(pieces[:middle] + fillers + pieces[middle:])
     out.write_bytes(proto.SerializeToString())
     return out
+
+
+#: a chat template that marks the assistant's tokens with {% generation %} (and renders tools)
+SFT_CHAT_TEMPLATE = (
+    "{%- if tools %}tools: {{ tools | tojson }}\n{% endif -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "<|im_end|>bot: {% generation %}{{ message['content'] }}<pad><|endoftext|>{% endgeneration %}\n"
+    "{%- else -%}{{ message['role'] }}: {{ message['content'] }}\n{%- endif -%}"
+    "{%- endfor -%}")
+
+
+def write_sft_tokenizers(root: Path) -> None:
+    """Hugging Face tokenizer folders for SFT examples, trained by this function: ``sft-bpe``, a
+    byte-level BPE (space sensitive) with BOS, EOS, a ``<pad>`` token Bridge never trains on and
+    ``SFT_CHAT_TEMPLATE``; ``sft-wordpiece``, a WordPiece (not space sensitive) of the corpus's
+    characters and words whose post-processor adds ``[CLS]`` to every text. Both are the same bytes
+    on every call."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(CORPUS, trainers.BpeTrainer(
+        vocab_size=320, special_tokens=["<|endoftext|>", "<s>", "<|im_end|>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    (root / "sft-bpe").mkdir()
+    bpe.save(str(root / "sft-bpe" / "tokenizer.json"))
+    (root / "sft-bpe" / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": "<s>",
+         "chat_template": SFT_CHAT_TEMPLATE}))
+    # WordPiece's trainer orders tied pieces differently from run to run: the vocabulary is listed instead
+    text = " ".join(CORPUS).lower()
+    chars = sorted(set(text) - {" "})
+    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars),
+              *sorted(set(re.findall(r"[a-z]{2,}", text)))]
+    wordpiece = Tokenizer(models.WordPiece({p: i for i, p in enumerate(pieces)}, unk_token="[UNK]"))
+    wordpiece.normalizer = normalizers.BertNormalizer(lowercase=True)
+    wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    wordpiece.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A", special_tokens=[("[CLS]", wordpiece.token_to_id("[CLS]"))])
+    (root / "sft-wordpiece").mkdir()
+    wordpiece.save(str(root / "sft-wordpiece" / "tokenizer.json"))
+    (root / "sft-wordpiece" / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "[SEP]", "bos_token": "[CLS]",
+         "unk_token": "[UNK]"}))

@@ -9,7 +9,7 @@ Each version's parser is asked, not read: ``add_megatron_arguments`` of that ver
 adds its own flags where the version has it. A new Megatron-LM release is one more entry in REFS and
 one run:
 
-    python tests/support/record_training_flags.py /path/to/Megatron-LM.git
+    python tests/support/oracles/record_training_flags.py /path/to/Megatron-LM.git
 
 The clone needs the release tags and the main commit below. The oracle environment needs ``six``
 beyond what tests/megatron_oracles.sh installs (0.16's BERT tokenizer module imports it).
@@ -24,10 +24,11 @@ import subprocess
 import sys
 import tempfile
 
-SUPPORT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(SUPPORT))  # tests/: the ``support`` package
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, TESTS)  # the ``support`` package
 
-from support.oracles import ROOT, WORKER, recorded_main  # noqa: E402
+from support.oracles.environments import ROOT, WORKER, recorded_main  # noqa: E402
 
 from megacache.megatron.command import TABLE_PATH  # noqa: E402
 from megacache.megatron.versions import SUPPORTED  # noqa: E402
@@ -70,7 +71,7 @@ def main() -> None:
         versions[version] = record(args.clone, ref, args.python)
         print(f"{version} ({ref}): {len(versions[version]['training'])} training flags, "
               f"{len(versions[version]['prepare_cache'])} of prepare_cache.py", flush=True)
-    table = {"recorded_by": "tests/support/record_training_flags.py", "versions": versions}
+    table = {"recorded_by": "tests/support/oracles/record_training_flags.py", "versions": versions}
     with open(args.out + ".tmp", "w", encoding="utf-8") as f:
         json.dump(table, f, indent=1, sort_keys=True)
         f.write("\n")

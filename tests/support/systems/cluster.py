@@ -27,7 +27,7 @@ import sys
 import time
 
 from support import without_mpi
-from support.corpus import MEGACACHE, RANKS_REPORTED, free_port, processes
+from support.inputs.corpus import MEGACACHE, RANKS_REPORTED, free_port, processes
 
 #: where the bricks and the nodes' files live on the host
 ROOT = "/run/megacache-cluster"

@@ -4,7 +4,7 @@ other Python the project declares (3.10 to 3.13, as pyenv has them on this machi
 Each is made the first time from nothing but the interpreter (its own venv module, as a user makes
 one: pip, and nothing else) and kept, keyed by the Python and pyproject.toml; the project's declared
 dependencies are installed into it then, so that the test's ``pip install -e '.[mpich]'`` installs
-the project and finds the rest. ``python -m support.venvs`` (tests/run_all.sh, in the background
+the project and finds the rest. ``python -m support.systems.venvs`` (tests/run_all.sh, in the background
 while other tests run: mostly downloads) makes them ahead of the test, which waits for a venv still
 being made (a lock beside it). Uses the standard library only: it runs before the project is
 installed."""
@@ -24,7 +24,7 @@ try:
 except ImportError:  # Python 3.10: the test's own pip install then installs everything
     tomllib = None
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 HERE = f"{sys.version_info.major}.{sys.version_info.minor}"
 VENVS = os.path.join(os.path.expanduser("~"), ".cache", "megacache", "venvs")

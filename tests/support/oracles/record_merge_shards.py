@@ -1,10 +1,10 @@
 """Records what megatron-core's ``IndexedDatasetBuilder.add_index`` chain (Megatron-LM's
-tools/merge_datasets.py) makes of the shards of tests/support/shards.py, for the merge tests of
+tools/merge_datasets.py) makes of the shards of tests/support/inputs/shards.py, for the merge tests of
 tests/conformance/test_merge_shards.py: the sha256 of the merged ``.bin`` and ``.idx`` for each count,
 and for the first 2,000 with each document ending with the EOS (``2000+eos``: the OLMo shards).
 Writes tests/data/merge-shards.json.
 
-    python tests/support/record_merge_shards.py
+    python tests/support/oracles/record_merge_shards.py
 
 Runs in megacache's test environment, with its megatron-core (0.16.1). ``add_index`` calls
 ``gc.collect()`` after every input, which frees memory and changes no byte; with torch imported
@@ -25,12 +25,13 @@ import warnings
 
 import numpy as np
 
-SUPPORT = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(SUPPORT))  # tests/: the ``support`` package
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, TESTS)  # the ``support`` package
 
-from support import shards  # noqa: E402
+from support.inputs import shards  # noqa: E402
 
-DATA = os.path.join(os.path.dirname(SUPPORT), "data", "merge-shards.json")
+DATA = os.path.join(TESTS, "data", "merge-shards.json")
 #: the shard counts recorded: the 10,000 merged, and the first 2,000 (as .ds files too)
 COUNTS = (10_000, 2_000)
 

@@ -1,9 +1,9 @@
 """Every supported megatron-core as an oracle, each in its own interpreter: 0.16.1 is the test
 environment's own (Python 3.11); 0.17.1, 0.18.2 and 0.19.2 live in the Python 3.12 environment that
 tests/megatron_oracles.sh builds (run_all.sh runs it). ``ask(version, request)`` runs
-tests/support/oracle_worker.py there.
+tests/support/oracles/megatron_worker.py there.
 
-0.20 is Megatron-LM main, which has no wheel: its oracle is the data tests/support/record_megatron_main.py
+0.20 is Megatron-LM main, which has no wheel: its oracle is the data tests/support/oracles/record_megatron_main.py
 recorded from a checkout (tests/data/megatron-main, ``recorded_main``). A live main oracle runs only
 where MEGACACHE_MEGATRON_MAIN is a Megatron-LM main checkout (its datasets helpers compiled), in the
 Python 3.12 environment (with gigatoken installed there for --use-gigatoken). The variable is a
@@ -27,14 +27,16 @@ from megacache.megatron.versions import SUPPORTED, UNRELEASED
 RELEASES = {"0.16": "0.16.1", "0.17": "0.17.1", "0.18": "0.18.2", "0.19": "0.19.2"}
 assert tuple(RELEASES) + UNRELEASED == SUPPORTED
 ROOT = os.environ.get("MEGACACHE_ORACLES", os.path.expanduser("~/.cache/megacache/megatron-oracles"))
+#: the Megatron-Bridge 0.6.2 oracle that tests/bridge_oracle.sh builds (its interpreter: ``venv/bin/python``)
+BRIDGE_ROOT = os.environ.get("MEGACACHE_BRIDGE_ORACLE", os.path.expanduser("~/.cache/megacache/bridge-oracle"))
 #: the sweeps' oracle runs (the caches megatron-core and Megatron-Bridge built for them), made once
 #: per machine and kept: each is keyed by what it was asked, and outlives the tests' temporary files
 ORACLE_RUNS = os.path.expanduser("~/.cache/megacache/oracle-runs")
-#: this folder: the scripts each oracle runs (oracle_worker.py, megatron_rank.py) live in it
-SUPPORT = os.path.dirname(os.path.abspath(__file__))
-WORKER = os.path.join(SUPPORT, "oracle_worker.py")
+#: this folder: the scripts each oracle runs (megatron_worker.py, megatron_rank.py) live in it
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(SCRIPTS, "megatron_worker.py")
 #: what record_megatron_main.py recorded from Megatron-LM main (the unreleased version)
-MAIN_DATA = os.path.join(os.path.dirname(SUPPORT), "data", "megatron-main")
+MAIN_DATA = os.path.join(os.path.dirname(os.path.dirname(SCRIPTS)), "data", "megatron-main")
 MAIN_PATH = os.environ.get("MEGACACHE_MEGATRON_MAIN")
 
 
@@ -64,6 +66,31 @@ def built(root: str) -> bool:
         with open(lock) as f:
             fcntl.flock(f, fcntl.LOCK_SH)
     return os.path.isfile(os.path.join(root, "spec.txt"))
+
+
+def bridge_answer(worker: str, name: str, request: dict, asked: dict | None = None) -> dict:
+    """Megatron-Bridge 0.6.2's answer, ``worker`` run in its interpreter, to ``asked`` (default:
+    ``request``), asked once per machine: kept in ORACLE_RUNS as ``name-<key>.json``, keyed by
+    ``request`` and the worker (skips the test where the Bridge oracle is not built)."""
+    from megacache.runtime.fsio import write_atomic
+
+    if not built(BRIDGE_ROOT):
+        pytest.skip("Megatron-Bridge oracle not built: run bash tests/bridge_oracle.sh")
+    path = os.path.join(ORACLE_RUNS, f"{name}-{run_key(request, '0.6.2', worker)}.json")
+    if not os.path.exists(path):
+        env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+        env.pop("PYTHONPATH", None)
+        done = subprocess.run([os.path.join(BRIDGE_ROOT, "venv", "bin", "python"), worker],
+                              input=json.dumps(request if asked is None else asked), capture_output=True, text=True,
+                              env=env, timeout=1800)
+        if done.returncode != 0:
+            raise AssertionError(f"Bridge oracle failed:\n{done.stderr[-4000:]}")
+        answer = json.loads(done.stdout.rsplit("\n", 2)[-2])
+        assert answer["bridge"] == "0.6.2", answer["bridge"]
+        os.makedirs(ORACLE_RUNS, exist_ok=True)
+        write_atomic(path, json.dumps(answer).encode())
+    with open(path) as f:
+        return json.load(f)
 
 
 def interpreter(version: str) -> tuple[str, dict]:
