@@ -16,6 +16,10 @@ Run from the repository root::
     python -m benchmarks prepare --megatron-lm VERSION=TREE ... --python PY [--only WORKLOAD ...] [--factor F ...]
                                  [--readme README.md]   # against Megatron-LM's tools/prepare_cache.py (prepare.py)
     python -m benchmarks.prepare report [--results FILE] [--readme README.md]  # PREPARE.md (+ the README's table)
+    python -m benchmarks.sft_pack [--examples N] [--ranks P] [--workers W] [--repeats N]  # against Megatron-Bridge's
+                                  # packed SFT preparation (sft_pack.py)
+    python -m benchmarks.object_storage [--megabytes MB] [--ranks P] [--repeats N]  # tokenize and build from
+                                  # moto's S3 server beside local disk, requests and bytes (object_storage.py)
 
 Workloads (``workloads.py``; sizes scale by the factor, 1 = the issue's sizes): ``tokenize`` (generated
 text, a trained 32k BPE), ``build_gpt`` (one large synthetic dataset), ``build_blend`` (a
@@ -35,6 +39,8 @@ Modules: ``probe`` (runs a module and records its peak RSS, CPU and bytes writte
 (megacache's chunked blend under MPI), ``suite`` (the measurements), ``report``, ``project``, ``floor``
 (what start-up and the output files alone cost, and the disk's own write rate), ``seed`` (the seed's
 case: one build at 5e12 tokens with its checks at that scale), ``prepare`` (against Megatron-LM's own
-``tools/prepare_cache.py``).
+``tools/prepare_cache.py``), ``sft_pack`` (``megacache pack`` against Megatron-Bridge's preparation of
+packed SFT files), ``object_storage`` (tokenize and build from a bucket beside the same work on local
+disk).
 This file stays import-free: every probed process imports it first.
 """

@@ -183,14 +183,22 @@ def _mem_total_gib() -> float | None:
 
 
 def git_commit() -> str | None:
-    """HEAD's commit, read from ``.git`` directly (no git process), or None outside a checkout."""
+    """HEAD's commit, read from ``.git`` directly (no git process), or None outside a checkout. In a
+    worktree ``.git`` is a file naming the worktree's own folder (its HEAD), whose ``commondir``
+    holds the branches."""
     git = os.path.join(ROOT, ".git")
     try:
+        if os.path.isfile(git):
+            with open(git) as f:
+                git = os.path.join(ROOT, f.read().strip().removeprefix("gitdir: "))
         with open(os.path.join(git, "HEAD")) as f:
             head = f.read().strip()
         if not head.startswith("ref: "):
             return head
         ref = head[5:]
+        if os.path.exists(os.path.join(git, "commondir")):
+            with open(os.path.join(git, "commondir")) as f:
+                git = os.path.join(git, f.read().strip())
         if os.path.exists(os.path.join(git, ref)):
             with open(os.path.join(git, ref)) as f:
                 return f.read().strip()

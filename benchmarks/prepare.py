@@ -9,7 +9,7 @@ Each workload (``workloads.build_blend``: 1000 datasets; ``build_gpt``: one pref
 becomes one training command: its data flags amid the model, parallelism and optimizer flags of a
 Megatron-LM example script (``COMMAND``). The same words go to ``megacache build`` (under ``mpiexec
 -n P``, with ``--megatron-version VERSION``) and to each tree's ``tools/prepare_cache.py`` (run by
-``tests/support/prepare_cache_cpu.py``, which only answers its one GPU query, in the interpreter
+``tests/support/oracles/prepare_cache_cpu.py``, which only answers its one GPU query, in the interpreter
 ``--python``, with ``--num-dataset-builder-threads`` as many as the cores), alternating, each after a
 sync and timed from outside until its output is durable (its process, then a sync). Every output is
 compared byte for byte with megacache's (megacache's sequences file aside: prepare_cache.py reads
@@ -35,7 +35,7 @@ from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, m
                       same_outputs, shown, summarize)
 
 PREPARE_RESULTS = os.path.join(ROOT, "benchmarks", "results", "prepare.jsonl")
-CPU_RUNNER = os.path.join(ROOT, "tests", "support", "prepare_cache_cpu.py")
+CPU_RUNNER = os.path.join(ROOT, "tests", "support", "oracles", "prepare_cache_cpu.py")
 WORKLOADS = ("build_blend", "build_gpt")
 #: the rest of the training command, in the style of Megatron-LM's example scripts; every flag of it
 #: is one Megatron-LM 0.19 and main both know, and none changes the caches

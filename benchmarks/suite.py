@@ -57,24 +57,29 @@ def _release(path: str) -> None:
         shutil.rmtree(path)
 
 
-def warm_up(name: str) -> None:
-    """Compile megacache's kernels for this CPU where they are not yet (``megacache kernels``, the
-    setup a user runs once), then run megacache once on the smoke-sized case of workload ``name``,
-    unmeasured: numba compiles a kernel on its first call after a change and caches it, and that
-    compile (seconds) belongs to no measurement (megatron-core's helpers come prebuilt). The same
-    for Python's bytecode: an installed package (megatron-core) has its modules compiled at install,
+def installed() -> None:
+    """megacache as a user's installed copy runs: its kernels compiled for this CPU where they are
+    not yet (``megacache kernels``, the setup a user runs once), and its and this package's
+    bytecode written. An installed package (megatron-core) has its modules compiled at install,
     while a checkout run where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) would
     compile megacache's and this package's sources in every process, 40 ms or more of each rank's
     start. ``MEGACACHE_KERNEL_DIR=jit`` measures megacache without the compiled kernels."""
     from megacache.runtime.environment import kernel_dir
     from megacache.runtime.kernels import compile_library, compiled_library
 
-    from .workloads import SUITES
-
     if kernel_dir() is not None and compiled_library() is None:
         compile_library()
     for package in ("megacache", "benchmarks"):
         compileall.compile_dir(os.path.join(ROOT, package), quiet=1)
+
+
+def warm_up(name: str) -> None:
+    """``installed``, then megacache run once on the smoke-sized case of workload ``name``,
+    unmeasured: numba compiles a kernel on its first call after a change and caches it, and that
+    compile (seconds) belongs to no measurement (megatron-core's helpers come prebuilt)."""
+    from .workloads import SUITES
+
+    installed()
     work = tempfile.mkdtemp(prefix=f"megacache-warm-{name}-")
     try:
         smoke = SUITES["smoke"]

@@ -116,6 +116,17 @@ def _wake_step(w, c, level, s):
     return np.int64(t)
 
 
+@kernel(inline=True)
+def _awaken(g, na, w, c, rep, aw, ac, ab, ag, pos):
+    """Slot ``g`` awake, at position ``na`` of the awake slots; their count after."""
+    aw[na] = w[g]
+    ac[na] = c[g]
+    ab[na] = (rep[g] << 16) | na
+    ag[na] = g
+    pos[g] = na
+    return na + 1
+
+
 @kernel("float64[::1], float64[::1], float64[::1], int64[::1], int64[::1], int64[::1], int64[::1], "
         "int64[::1], int64, int16[::1], int64[::1]")
 def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
@@ -163,12 +174,7 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
             for g in range(G):
                 x = _wake_step(w[g], c[g], level, s)
                 if x == s:
-                    aw[na] = w[g]
-                    ac[na] = c[g]
-                    ab[na] = (rep[g] << 16) | na
-                    ag[na] = g
-                    pos[g] = na
-                    na += 1
+                    na = _awaken(g, na, w, c, rep, aw, ac, ab, ag, pos)
                 elif x != _IMAX:
                     wake[g] = x
                     b = x & (_BUCKETS - 1)
@@ -182,12 +188,7 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
             while g >= 0:
                 later = nxt[g]
                 if wake[g] <= s:
-                    aw[na] = w[g]
-                    ac[na] = c[g]
-                    ab[na] = (rep[g] << 16) | na
-                    ag[na] = g
-                    pos[g] = na
-                    na += 1
+                    na = _awaken(g, na, w, c, rep, aw, ac, ab, ag, pos)
                 else:  # due a lap of the queue later
                     nxt[g] = head[b]
                     head[b] = g

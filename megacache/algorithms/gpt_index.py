@@ -1,8 +1,9 @@
 """The three index arrays of Megatron's GPTDataset, bit-identical to megatron-core's (the same in 0.16 to 0.19).
 
 See docs/megatron.md §2.4–2.8. Notation: D documents (sequences) in the split, T tokens per
-epoch, E epochs, L sequence length, N requested samples, x = add_extra_token_to_sequence (0/1),
-M = E·D the document-index length, n the number of samples (the sample index has n + 1 rows).
+epoch, E epochs, L = ``seq_length`` (a sample's tokens; the kernels' name for it), N requested
+samples, x = add_extra_token_to_sequence (0/1), M = E·D the document-index length, n the number
+of samples (the sample index has n + 1 rows).
 
 * ``GPTIndexPlan``: everything that is cheap to know before building (E, separation, n, array
   lengths and dtypes), so a builder can preallocate the output files.
@@ -12,9 +13,9 @@ M = E·D the document-index length, n the number of samples (the sample index ha
   in positions < i, row k is the *smallest* i with S[i+1] >= k·L + x and off = k·L - S[i]. Rows
   past the last token (only without drop_last) read (M-1, len(M-1) - x). So no row depends on the
   previous one: ``sample_index_rows`` computes any row range from a window of the document index
-  and the tokens before it (a walk that keeps S running, no array of it), ``slice_tokens`` gives a
-  window's tokens (a builder exscans the per-slice totals), and ``sample_rows_in_slice`` says
-  which rows a slice of positions owns.
+  and the tokens before it (a walk that keeps S running, no array of it), ``piece_tokens`` gives a
+  window's tokens (a builder exscans the per-piece totals), and ``sample_rows_in_piece`` says
+  which rows a piece of positions owns.
   ``sample_index_reference`` is Megatron's sequential walk, kept as the reference.
 * Shuffle index: ``arange(n)`` shuffled (two ranges when the final epoch is separated), continuing
   the RNG after the document index.
@@ -59,12 +60,12 @@ class EpochPlan(NamedTuple):
 
 
 def num_epochs(
-    tokens_per_epoch: int, num_samples: int | None, sequence_length: int, add_extra_token: int
+    tokens_per_epoch: int, num_samples: int | None, seq_length: int, add_extra_token: int
 ) -> int:
     """Megatron's epoch count: 1 if N is None, else the smallest E >= 1 with E·T >= N·L + x."""
     if num_samples is None:
         return 1
-    requested = num_samples * sequence_length + add_extra_token
+    requested = num_samples * seq_length + add_extra_token
     if tokens_per_epoch >= requested:
         return 1
     if tokens_per_epoch <= 0:
@@ -78,22 +79,22 @@ def num_epochs(
 
 
 def plan_epochs(
-    tokens_per_epoch: int, num_samples: int | None, sequence_length: int, add_extra_token: int
+    tokens_per_epoch: int, num_samples: int | None, seq_length: int, add_extra_token: int
 ) -> EpochPlan:
     """E, whether the final epoch is shuffled separately, and the samples before the final epoch."""
-    T, L, x = tokens_per_epoch, sequence_length, add_extra_token
-    E = num_epochs(T, num_samples, L, x)
+    T, x = tokens_per_epoch, add_extra_token
+    E = num_epochs(T, num_samples, seq_length, x)
     if E == 1:
         return EpochPlan(1, False, None)
-    sans = ((E - 1) * T - x) // L
-    per_epoch = (T - x) // L
+    sans = ((E - 1) * T - x) // seq_length
+    per_epoch = (T - x) // seq_length
     # Megatron asserts 0 <= N - sans <= per_epoch + 1; that holds for every E computed as above.
     separate = num_samples - sans < int(SEPARATION_THRESHOLD * per_epoch)
     return EpochPlan(E, separate, sans)
 
 
 def sample_count(
-    num_epochs: int, tokens_per_epoch: int, sequence_length: int, add_extra_token: int, drop_last: bool
+    num_epochs: int, tokens_per_epoch: int, seq_length: int, add_extra_token: int, drop_last: bool
 ) -> int:
     """n, the number of samples in the sample index, computed as Megatron's C++ does.
 
@@ -103,15 +104,15 @@ def sample_count(
     """
     total = num_epochs * tokens_per_epoch - add_extra_token
     if drop_last:
-        quotient = abs(total) // sequence_length
+        quotient = abs(total) // seq_length
         return quotient if total >= 0 else -quotient
-    ratio = np.array([total], dtype=np.int64).astype(np.float32) / np.float32(sequence_length)
+    ratio = np.array([total], dtype=np.int64).astype(np.float32) / np.float32(seq_length)
     return int(np.ceil(ratio)[0])
 
 
-def sample_index_dtype(document_index_length: int, max_sequence_length: int) -> np.dtype:
-    """int32 if ``max(M, max sequence length of the WHOLE dataset) <= 2^31 - 1``, else int64."""
-    if max(document_index_length, max_sequence_length) <= INT32_MAX:
+def sample_index_dtype(document_index_length: int, longest_document: int) -> np.dtype:
+    """int32 if ``max(M, the longest document of the WHOLE dataset) <= 2^31 - 1``, else int64."""
+    if max(document_index_length, longest_document) <= INT32_MAX:
         return np.dtype(np.int32)
     return np.dtype(np.int64)
 
@@ -128,7 +129,7 @@ class GPTIndexPlan:
     num_documents: int  # D, sequences in the split
     tokens_per_epoch: int  # T
     requested_samples: int | None  # N
-    sequence_length: int  # L
+    seq_length: int  # L
     add_extra_token: int  # x, 0 or 1
     drop_last: bool
     num_epochs: int  # E
@@ -141,49 +142,53 @@ class GPTIndexPlan:
     @classmethod
     def from_counts(
         cls,
+        *,
         num_documents: int,
         tokens_per_epoch: int,
-        max_sequence_length: int,
         num_samples: int | None,
-        sequence_length: int,
+        seq_length: int,
         add_extra_token: bool | int,
         drop_last: bool,
+        longest_document: int = 0,
     ) -> "GPTIndexPlan":
-        """The plan from D, T and the largest sequence length of the whole dataset (not the split)."""
+        """The plan from D, T and the longest document of the whole dataset (not the split).
+
+        ``seq_length`` is checked where it enters (``BuildConfig``; a description's by the reader
+        that reads it): a positive integer, ``seq_length + add_extra_token`` within int32. The
+        other arguments are checked by this function: a reader passes values read from a description file.
+        Megatron's dtype rule reads ``longest_document``, but an int32 length never exceeds
+        INT32_MAX, so it never decides the dtype and 0 (unknown) gives the same plan."""
         if add_extra_token not in (0, 1):
             raise MegacacheError(f"add_extra_token must be 0 or 1, got {add_extra_token!r}")
         x = int(add_extra_token)
-        L = integer("sequence_length", sequence_length, 1)
-        if L + x > INT32_MAX:
-            raise MegacacheError(f"sequence_length {L} (+{x}) does not fit Megatron's int32 arithmetic")
         D = integer("num_documents", num_documents, 0)
         T = integer("tokens_per_epoch", tokens_per_epoch, 0)
-        integer("max_sequence_length", max_sequence_length, 0)
+        integer("longest_document", longest_document, 0)
         N = None if num_samples is None else integer("num_samples", num_samples, 0)
-        E, separate, sans = plan_epochs(T, N, L, x)
+        E, separate, sans = plan_epochs(T, N, seq_length, x)
         if E > INT32_MAX:
             raise MegacacheError(
                 f"num_samples={N} needs {E} epochs of {T} tokens; Megatron passes the epoch count "
                 f"as an int32 (at most {INT32_MAX})"
             )
-        n = sample_count(E, T, L, x, drop_last)
+        n = sample_count(E, T, seq_length, x, drop_last)
         if n < 0:
             # Only an empty split with L = 1 and x = 1 gets this far; megatron-core fails on it too.
             raise MegacacheError(
-                f"the split has {T} tokens: no sample of sequence_length {L} (+{x}) can be built"
+                f"the split has {T} tokens: no sample of seq_length {seq_length} (+{x}) can be built"
             )
         return cls(
             num_documents=D,
             tokens_per_epoch=T,
             requested_samples=N,
-            sequence_length=L,
+            seq_length=seq_length,
             add_extra_token=x,
             drop_last=bool(drop_last),
             num_epochs=E,
             separate_final_epoch=separate,
             samples_sans_final_epoch=sans,
             num_samples=n,
-            sample_index_dtype=sample_index_dtype(E * D, max_sequence_length),
+            sample_index_dtype=sample_index_dtype(E * D, longest_document),
             shuffle_index_dtype=shuffle_index_dtype(n),
         )
 
@@ -193,7 +198,7 @@ class GPTIndexPlan:
         sequence_lengths: np.ndarray,
         split_range: tuple[int, int],
         num_samples: int | None,
-        sequence_length: int,
+        seq_length: int,
         add_extra_token: bool | int,
         drop_last: bool,
     ) -> "GPTIndexPlan":
@@ -208,9 +213,9 @@ class GPTIndexPlan:
         return cls.from_counts(
             num_documents=end - beg,
             tokens_per_epoch=int(np.sum(sequence_lengths[beg:end], dtype=np.int64)),
-            max_sequence_length=int(np.max(sequence_lengths)),
+            longest_document=int(np.max(sequence_lengths)),
             num_samples=num_samples,
-            sequence_length=sequence_length,
+            seq_length=seq_length,
             add_extra_token=add_extra_token,
             drop_last=drop_last,
         )
@@ -297,7 +302,7 @@ def length_stats(lengths: np.ndarray, first: int) -> tuple[int, int, int]:
     """``(tokens, longest, checksum)`` of ``lengths``, the sequences from position ``first`` on.
 
     The checksum, sum of ``length * (position * MIX + 1)`` modulo 2**64, adds over disjoint
-    slices, so ranks compute it in parts; it changes when any length changes or two move, which is
+    pieces, so each rank computes it over its own; it changes when any length changes or two move, which is
     what a cache built from these lengths depends on (megacache's drift check)."""
     tokens, longest, checksum = _length_stats(np.asarray(lengths), np.uint64(first))
     return int(tokens), int(longest), int(checksum)
@@ -333,27 +338,27 @@ def _length_stats(lengths, first):
 # Sample index
 
 
-def slice_tokens(sizes: np.ndarray, document_index: np.ndarray, first: int = 0) -> int:
-    """The tokens of the documents in a slice of the document index; ``sizes`` holds the
+def piece_tokens(sizes: np.ndarray, document_index: np.ndarray, first: int = 0) -> int:
+    """The tokens of the documents in a piece of the document index; ``sizes`` holds the
     lengths of sequences ``first…`` (a split's own, say)."""
-    return int(_slice_tokens(np.asarray(sizes), np.asarray(document_index), np.int64(first)))
+    return int(_piece_tokens(np.asarray(sizes), np.asarray(document_index), np.int64(first)))
 
 
 @kernel(*(f"{lengths}, int64" for lengths in _LENGTHS))
-def _slice_tokens(sizes, document_index, first):
+def _piece_tokens(sizes, document_index, first):
     total = 0
     for p in range(document_index.shape[0]):
         total += sizes[document_index[p] - first]
     return total
 
 
-def sample_rows_in_slice(
+def sample_rows_in_piece(
     plan: GPTIndexPlan, first_position: int, stop_position: int, start: int, end: int
 ) -> tuple[int, int]:
     """The rows ``[k0, k1)`` that document-index positions ``[p0, p1)`` own, given ``start = S[p0]``
     and ``end = S[p1]``. A row is owned by the position it records (row 0 by position 0, the rows
-    past the last token by M-1), so slices that partition ``[0, M)`` partition the rows, and each
-    slice computes its rows with ``sample_index_rows`` from its own window and ``slice_tokens``."""
+    past the last token by M-1), so pieces that partition ``[0, M)`` partition the rows, and each
+    piece computes its rows with ``sample_index_rows`` from its own window and ``piece_tokens``."""
     if stop_position == plan.document_index_length:
         return _first_row_at(plan, first_position, start), plan.num_samples + 1
     return _first_row_at(plan, first_position, start), _first_row_at(plan, stop_position, end)
@@ -366,8 +371,7 @@ def _first_row_at(plan: GPTIndexPlan, position: int, tokens_before: int) -> int:
     if position >= plan.document_index_length:
         return plan.num_samples + 1
     # Row k >= 1 is at the first position whose tokens reach its target k·L + x.
-    L, x = plan.sequence_length, plan.add_extra_token
-    return min(plan.num_samples + 1, max(1, (tokens_before - x) // L + 1))
+    return min(plan.num_samples + 1, max(1, (tokens_before - plan.add_extra_token) // plan.seq_length + 1))
 
 
 def sample_index_rows(
@@ -388,7 +392,7 @@ def sample_index_rows(
     every row's document. Work: one walk from the window's start over the positions up to the last
     row's (no prefix-sum array). Any row partition gives the serial result.
     """
-    L, x, M = plan.sequence_length, plan.add_extra_token, plan.document_index_length
+    seq_length, x, M = plan.seq_length, plan.add_extra_token, plan.document_index_length
     if not 0 <= k0 <= k1 <= plan.num_samples + 1:
         raise ValueError(f"rows [{k0}, {k1}) are outside [0, {plan.num_samples + 1})")
     document_index = np.asarray(document_index)
@@ -404,11 +408,11 @@ def sample_index_rows(
     first_k = max(k0, 1)
     if first_k >= k1:
         return out
-    if first_position > 0 and first_k * L + x <= start:
+    if first_position > 0 and first_k * seq_length + x <= start:
         raise ValueError(f"row {first_k} starts before the window at position {first_position}")
     rows = out[first_k - k0 :]
     found = _rows_from_lengths(np.asarray(sizes), document_index, np.int64(first), np.int64(start),
-                               np.int64(first_position), first_k, L, x, rows.view(np.ndarray))
+                               np.int64(first_position), first_k, seq_length, x, rows.view(np.ndarray))
     if found < len(rows):
         # Past the window: only legal past the last token, where Megatron records (M-1, len - x).
         if window_stop != M or len(document_index) == 0:
@@ -494,7 +498,7 @@ def _check_int32_offsets(plan: GPTIndexPlan, offset: int) -> None:
 def build_sample_index(
     sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan, first: int = 0
 ) -> np.ndarray:
-    """The whole sample index (the slice form over one slice); ``sizes`` holds the lengths of
+    """The whole sample index (the piece form over one piece); ``sizes`` holds the lengths of
     sequences ``first…``."""
     return sample_index_rows(plan, sizes, document_index, 0, 0, 0, plan.num_samples + 1, first)
 
@@ -502,7 +506,7 @@ def build_sample_index(
 def sample_index_reference(sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan) -> np.ndarray:
     """Megatron's sequential walk (helpers.cpp ``build_sample_idx``), step by step."""
     out = np.empty(plan.sample_index_shape, dtype=plan.sample_index_dtype)
-    _walk(np.asarray(sizes), np.asarray(document_index), plan.sequence_length, plan.add_extra_token, out)
+    _walk(np.asarray(sizes), np.asarray(document_index), plan.seq_length, plan.add_extra_token, out)
     if plan.num_samples:
         _check_int32_offsets(plan, int(out[-1, 1]))
     return out

@@ -176,6 +176,22 @@ def _shuffle(a: np.ndarray, words: np.ndarray, block: int, progress: Callable[[i
     return told
 
 
+def shuffle_segments(arr: np.ndarray, bounds: np.ndarray, state: MT19937) -> None:
+    """Shuffle each segment ``arr[bounds[k]:bounds[k + 1]]`` in place, in turn, exactly as
+    ``RandomState.shuffle`` of each would, from one ``state`` (as a loop of ``shuffle`` calls, one
+    kernel call for them all). ``arr`` is int64; ``bounds`` non-decreasing, from 0 to ``len(arr)``."""
+    bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    if not (isinstance(arr, np.ndarray) and arr.ndim == 1 and arr.dtype == np.int64 and arr.flags.c_contiguous
+            and arr.flags.writeable):
+        raise ValueError("shuffle_segments needs a writeable contiguous 1-D int64 array")
+    sizes = np.diff(bounds)
+    if bounds.size == 0 or bounds[0] != 0 or bounds[-1] != arr.shape[0] or (sizes < 0).any():
+        raise ValueError(f"segment bounds must rise from 0 to {arr.shape[0]}")
+    if sizes.size and sizes.max() - 1 > _U32:  # the fused loop draws 32-bit only
+        raise ValueError(f"a segment of {int(sizes.max())} elements is more than shuffle_segments draws for")
+    _shuffle_segments(arr, bounds, state.words)
+
+
 def random_interval(state: MT19937, max_value: int) -> int:
     """One legacy bounded draw in [0, max_value] (numpy's ``random_interval``, used by shuffle)."""
     if not 0 <= max_value <= np.iinfo(np.int64).max:
@@ -364,6 +380,14 @@ def _shuffle_small(a, words):
     tempered = np.empty(_N, dtype=np.int64)
     _temper_all(words, tempered)
     _shuffle_fused(a, words, tempered, a.shape[0] - 1)
+
+
+@kernel("int64[::1], int64[::1], uint32[::1]")
+def _shuffle_segments(a, bounds, words):
+    tempered = np.empty(_N, dtype=np.int64)
+    _temper_all(words, tempered)
+    for k in range(bounds.shape[0] - 1):
+        _shuffle_fused(a[bounds[k]:bounds[k + 1]], words, tempered, bounds[k + 1] - bounds[k] - 1)
 
 
 @kernel(*(f"{a}, uint32[::1], int64[::1], int64" for a in _SHUFFLED))

@@ -236,8 +236,8 @@ class Blending:
         with comm.agreed("syncing the blend files"):
             if self.todo:  # this rank's blend writes durable before rank 0 publishes (other nodes too)
                 sync_filesystems([self.cfg.cache_dir])
-        for part in comm.allgather({k: v for k, v in counts.items() if self.owners.get(k) == comm.rank}):
-            counts.update(part)
+        for from_rank in comm.allgather({k: v for k, v in counts.items() if self.owners.get(k) == comm.rank}):
+            counts.update(from_rank)
         for b in self.todo:
             b.counts = counts[b.index]
 

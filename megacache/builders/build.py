@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from itertools import chain
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -35,8 +36,10 @@ from ..runtime.comm import Comm, get_comm
 from ..runtime.coordination import ALL, guarded, tidy
 from ..errors import CacheDamaged, FormatError, MegacacheError
 from ..formats.npy import NpyLayout, npy_header, read_npy_layout
+from ..runtime.file_states import file_states
 from ..runtime.fsio import make_directories, write_atomic
 from ..runtime.log import LOG
+from ..runtime.object_storage import is_object_storage
 from ..runtime.progress import Progress
 from ..megatron.blends import Blend
 from ..megatron.cache import SPLIT_NAMES, existing, nearest_built, present_files
@@ -102,6 +105,24 @@ def _check_sizes(cfg: BuildConfig) -> None:
     if not 0 <= cfg.surplus < 1e6:  # NaN fails this too
         raise MegacacheError(f"--mid-level-dataset-surplus (mid_level_dataset_surplus) must be >= 0, "
                              f"got {cfg.surplus!r}")
+
+
+def _check_object_storage(cfg: BuildConfig, requests: list[GPTRequest]) -> None:
+    """Datasets in buckets need a local directory for their ``.idx`` copies and one for the caches,
+    as Megatron does; a sequences file asked for by name needs a prefix it can list."""
+    remote = next((r.data_path for r in requests if is_object_storage(r.data_path)), None)
+    if remote is None:
+        return
+    if cfg.sequences_path and all(is_object_storage(r.data_path) for r in requests):
+        raise MegacacheError(f"--per-dataset-sequences-path {cfg.sequences_path}: every dataset is in a bucket, and "
+                             f"megatron-core reads that file only for local prefixes (a prefix in a bucket has its "
+                             f".idx header read from the copy); leave the flag out")
+    if cfg.object_cache is None:
+        raise MegacacheError(f"{remote}: a dataset in a bucket needs --object-storage-cache-path DIR, as training "
+                             f"does (each .idx is copied there and read)")
+    if cfg.cache_dir is None:
+        raise MegacacheError(f"{remote}: a dataset in a bucket needs --data-cache-path DIR, a local directory for "
+                             f"the caches (give training the same)")
 
 
 def _plan_requests(cfg: BuildConfig) -> tuple[list[GPTRequest], list[tuple]]:
@@ -253,52 +274,51 @@ def _read_start(path: str, length: int) -> tuple[bytes, int]:
         os.close(fd)
 
 
-def damages_since(items: list, records: list) -> list[list[str]]:
+def damages_since(items: list, stems: list[str], records: list) -> list[list[str]]:
     """``damage`` of each item, unless its files are as its manifest record saw them published
-    (``records``, each from ``with_files``): the same size and modification time, one stat each,
-    by name within its directory, opened once (a path resolved for each file costs more)."""
-    directories: dict[str, int | None] = {}
-    try:
-        out = []
-        for item, files in zip(items, records):
-            d = item.entry.directory
-            if d not in directories:
-                try:
-                    directories[d] = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-                except OSError:  # gone: ``damage`` says so, file by file
-                    directories[d] = None
-            out.append([] if _as_recorded(item, files, directories[d]) else damage(item))
-        return out
-    finally:
-        for fd in directories.values():
-            if fd is not None:
-                os.close(fd)
+    (``records``, each from ``with_files``): the same size and modification time. ``stems``: the
+    items' ``entry.stem``, as the rank that looked for them named them (the md5 of each
+    description, which takes time to compute again)."""
+    same = _as_recorded(items, stems, records)
+    return [[] if unchanged else damage(item) for item, unchanged in zip(items, same)]
 
 
-def _as_recorded(item, files: dict | None, directory_fd: int | None) -> bool:
-    if files is None or directory_fd is None:
-        return False
-    try:
-        for what in item.entry.names:
-            size, mtime_ns = files[what]
-            st = os.stat(f"{item.entry.stem}-{what}", dir_fd=directory_fd)
-            if st.st_size != size or st.st_mtime_ns != mtime_ns:
-                return False
-    except (OSError, KeyError, TypeError, ValueError):  # gone, or a record of another form
-        return False
-    return True
+def _as_recorded(items: list, stems: list[str], records: list) -> list[bool]:
+    """Whether each item's files are as ``records`` saw them: one stat per file, by name within its
+    directory, opened once (a path resolved for each file costs more), the files of a directory's
+    entries of one class in one ``file_states`` call."""
+    groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}  # (directory, file kinds) -> items
+    for i, item in enumerate(items):
+        groups.setdefault((item.entry.directory, item.entry.names), []).append(i)
+    same = np.zeros(len(items), bool)
+    for (d, whats), members in groups.items():
+        try:
+            recorded = [records[i][what] for i in members for what in whats]
+            if set(map(len, recorded)) != {2}:
+                raise ValueError
+            expected = np.fromiter(chain.from_iterable(recorded), np.int64, 2 * len(recorded)).reshape(-1, 2)
+        except (KeyError, TypeError, ValueError):  # some record missing or of another form
+            if len(members) > 1:  # each item on its own, to find which
+                for i in members:
+                    same[i] = _as_recorded([items[i]], [stems[i]], [records[i]])[0]
+            continue
+        try:
+            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # gone: ``damage`` says so, file by file
+            continue
+        try:
+            sizes, mtimes = file_states(fd, [f"{stems[i]}-{what}" for i in members for what in whats])
+        finally:
+            os.close(fd)
+        differs = (sizes != expected[:, 0]) | (mtimes != expected[:, 1])
+        same[members] = ~differs.reshape(len(members), len(whats)).any(axis=1)
+    return same.tolist()
 
 
-def _drifts(items: list, present: list[bool]) -> list[tuple[list[str], dict | None]]:
-    """For each entry, how it drifted from this configuration (rank 0): empty when it is not
-    there, or there and what this configuration would build; and its files as the manifest
-    recorded them (None: no record)."""
+def _records(items: list, present: list[bool]) -> list[dict | None]:
+    """For each entry there, megacache's manifest record of it (None: none, or not there)."""
     manifests = {d: read_manifest(d) for d in {item.entry.directory for item, hit in zip(items, present) if hit}}
-    out = []
-    for item, hit in zip(items, present):
-        record = manifests[item.entry.directory].get(item.entry.stem) if hit else None
-        out.append((drift(item, record) if hit else [], (record or {}).get("files")))
-    return out
+    return [manifests[item.entry.directory].get(item.entry.stem) if hit else None for item, hit in zip(items, present)]
 
 
 def _listed(entries: list) -> str:
@@ -322,8 +342,6 @@ def plan(cfg: BuildConfig, comm: Comm | None = None, decide_reuse: bool = True) 
     entries that exist already are read (their drift check)."""
     comm = comm or get_comm()
     version = resolve(cfg.megatron_version)
-    settings = cfg.settings
-    settings.validate()
     _check_sizes(cfg)
     if cfg.cache_dir == "":
         raise MegacacheError("--data-cache-path '': megatron-core caches nothing under an empty path (every rank "
@@ -341,23 +359,25 @@ def plan(cfg: BuildConfig, comm: Comm | None = None, decide_reuse: bool = True) 
         raise MegacacheError(
             "a blend is only cached under --data-cache-path (without it megatron-core rebuilds the blend "
             "in memory on every rank): give --data-cache-path, and the same to training")
-    datasets = Datasets(r.data_path for r in requests)
+    _check_object_storage(cfg, requests)
+    datasets = Datasets((r.data_path for r in requests), cfg.object_cache)
     surveys = survey_datasets(requests, datasets, comm)
     if blend_specs:
         _check_dtypes(surveys)
-    tasks = plan_tasks(requests, settings, surveys)
+    tasks = plan_tasks(requests, cfg, surveys)
     planned = Plan(tasks, plan_blends(cfg, blend_specs, tasks), datasets, surveys, version)
     if decide_reuse:
         _decide_reuse(planned, cfg, comm)
     return planned
 
 
-def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm, say: bool = False) -> None:
+def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm, say: bool = False,
+                  timer: PhaseTimer | None = None) -> None:
     """Which entries to reuse: those there, intact and built from this configuration; ``say``: warn
-    of the damaged ones being rebuilt."""
+    of the damaged ones being rebuilt; ``timer`` as ``_check_existing``'s."""
     items = planned.items
     present = comm.on_root(lambda: existing([item.entry for item in items]), "looking for existing caches")
-    checked = _check_existing(planned, present, comm)
+    checked = _check_existing(planned, present, comm, timer)
     stale = [(item, problems) for item, (problems, _) in zip(items, checked) if problems]
     if stale and not cfg.rebuild_stale:
         raise _stale_error(stale)  # on every rank alike: the drifts were broadcast
@@ -375,23 +395,53 @@ def _decide_reuse(planned: Plan, cfg: BuildConfig, comm: Comm, say: bool = False
         item.reused = hit and not problems and not broken
 
 
-def _check_existing(planned: Plan, present: list[bool], comm: Comm) -> list[tuple[list[str], list[str]]]:
-    """For each entry, how it drifted from this configuration (``_drifts``) and, if it is there and
+def _check_existing(planned: Plan, present: list[bool], comm: Comm,
+                    timer: PhaseTimer | None = None) -> list[tuple[list[str], list[str]]]:
+    """For each entry, how it drifted from this configuration (``drift``) and, if it is there and
     did not, how its files are damaged (``damage``), on every rank. The drift check compares what
     an entry was built from, its lengths' checksum included: the lengths of the entries found are
-    read (collectively), no others. The damage check is dealt over the ranks."""
+    read (collectively), no others. Rank 0 checks drifts while the other ranks share the damage
+    checks of every entry there; one rank alone checks the undrifted ones after. ``timer`` gets
+    both checks' phases as rank 0 sees them: the damage check's is what it adds to rank 0's time."""
+    timer = timer or PhaseTimer()
     found = [j for j, hit in zip(planned.gpt, present) if hit and j.length_checksum is None]
     measure_lengths(found, planned.datasets, comm)
     items = planned.items
-    drifts = comm.on_root(lambda: _drifts(items, present), "checking existing caches")
-    intact = [i for i, (hit, (problems, _)) in enumerate(zip(present, drifts)) if hit and not problems]
-    damages: list[list[str]] = [[] for _ in items]
-    mine = intact[comm.rank::comm.size]
-    checked = damages_since([items[i] for i in mine], [drifts[i][1] for i in mine])
-    for part in comm.allgather(list(zip(mine, checked))):
-        for i, problems in part:
-            damages[i] = problems
-    return [(problems, damaged) for (problems, _), damaged in zip(drifts, damages)]
+    records: list[dict | None] = []  # rank 0's: the others need only each record's files
+
+    def read_records() -> list[tuple[str, dict | None] | None]:
+        records.extend(_records(items, present))
+        return [(item.entry.stem, (record or {}).get("files")) if hit else None
+                for item, hit, record in zip(items, present, records)]
+
+    files = comm.on_root(read_records, "reading the cache's manifests")
+    there = [i for i, hit in enumerate(present) if hit]
+
+    def damages(chosen: list[int]) -> list[tuple[int, list[str]]]:
+        """The damaged ones of ``chosen``, with their problems."""
+        stems, recorded = zip(*(files[i] for i in chosen)) if chosen else ((), ())
+        return [(i, problems) for i, problems in zip(chosen, damages_since([items[i] for i in chosen], stems, recorded))
+                if problems]
+
+    def drifts_on_root() -> list[list[str]]:
+        out = [drift(item, record) if hit else [] for item, hit, record in zip(items, present, records)]
+        timer.mark("drift_check")  # what rank 0 then waits for is the damage checks'
+        return out
+
+    checked = damages(there[comm.rank - 1 :: comm.size - 1]) if comm.rank else []
+    drifts = comm.on_root(drifts_on_root, "checking existing caches")
+    intact = {i for i in there if not drifts[i]}
+    if comm.size == 1:
+        # Alone, after the drift check: on a thread beside it the check saves nothing (the two
+        # share the GIL, and their system calls slow each other down)
+        checked = damages(sorted(intact))
+    found_damaged: list[list[str]] = [[] for _ in items]
+    for from_rank in comm.allgather(checked):
+        for i, problems in from_rank:
+            if i in intact:
+                found_damaged[i] = problems
+    timer.mark("damage_check")
+    return list(zip(drifts, found_damaged))
 
 
 @dataclass
@@ -466,8 +516,9 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     comm = comm or get_comm()
     t0 = time.monotonic()
     timer = PhaseTimer()
-    planned = plan(cfg, comm)
+    planned = plan(cfg, comm, decide_reuse=False)
     timer.mark("plan")
+    _decide_reuse(planned, cfg, comm, timer=timer)
     if not planned.todo:
         comm.on_root(lambda: tidy({i.entry.directory for i in planned.items}, CACHE_LOCK, ALL), "tidying up")
         return BuildResult(planned.gpt, planned.blends, time.monotonic() - t0, comm.size, planned.megatron_version,
@@ -476,7 +527,7 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
     directories = [item.entry.directory for item in planned.todo]
     entries = len(planned.todo)
     with guarded(comm, directories, CACHE_LOCK, ALL, f"megacache build of {entries} entries") as guard:
-        _decide_reuse(planned, cfg, comm, say=True)  # what a job we waited for built is reused now
+        _decide_reuse(planned, cfg, comm, say=True, timer=timer)  # what a job we waited for built is reused now
         timer.mark("lock")
         with Progress(comm, guard.directory, "build", cfg.progress_interval_s) as progress:
             _build_locked(planned, cfg, comm, guard, timer, progress)
@@ -486,13 +537,14 @@ def build(cfg: BuildConfig, comm: Comm | None = None) -> BuildResult:
 
 
 def _sequences_update(planned: Plan, cfg: BuildConfig) -> tuple[str, bytes] | None:
-    """Megatron's per-dataset sequences file for this configuration's prefixes (the plan lists the
+    """Megatron's per-dataset sequences file for this configuration's local prefixes (the plan lists the
     datasets in the order Megatron's tool does): its path and bytes, unless it holds them already
     or none is asked for."""
     path = _sequences_path(cfg)
-    if path is None:
+    counts = _sequences_counts(planned)
+    if path is None or not counts:
         return None
-    data = sequences_json({p: (s.sequence_count, s.document_count) for p, s in planned.surveys.items()})
+    data = sequences_json(counts)
     try:
         with open(path, "rb") as f:
             if f.read() == data:
@@ -510,7 +562,15 @@ def _write_sequences(planned: Plan, cfg: BuildConfig, comm: Comm) -> str | None:
             write_atomic(*update)
 
     comm.on_root(write, "writing Megatron's per-dataset sequences file")
-    return _sequences_path(cfg)
+    return _sequences_path(cfg) if _sequences_counts(planned) else None
+
+
+def _sequences_counts(planned: Plan) -> dict[str, tuple[int, int]]:
+    """The sequences file's entries: the local prefixes' counts. megatron-core never looks up a
+    prefix in a bucket there (GPTDataset opens such a dataset from its ``.idx`` copy before it
+    consults the file), and Megatron-LM's tool, which opens each ``PREFIX.idx`` with ``open``,
+    cannot read one."""
+    return {p: (s.sequence_count, s.document_count) for p, s in planned.surveys.items() if not is_object_storage(p)}
 
 
 def _sequences_path(cfg: BuildConfig) -> str | None:
@@ -520,7 +580,7 @@ def _sequences_path(cfg: BuildConfig) -> str | None:
 def _build_locked(planned: Plan, cfg: BuildConfig, comm: Comm, guard, timer: PhaseTimer, progress: Progress) -> None:
     tasks, blends, datasets = planned.gpt, planned.blends, planned.datasets
     blending = Blending([b for b in blends if not b.reused], cfg, comm, guard.job, progress)
-    gpt = GPTBuild(tasks, datasets, cfg.settings, comm, guard.job, progress)
+    gpt = GPTBuild(tasks, datasets, cfg.seed, comm, guard.job, progress)
     try:
         def make_cache_directories() -> None:
             for d in sorted({j.entry.directory for j in gpt.todo}):

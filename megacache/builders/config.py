@@ -5,16 +5,18 @@ Megatron-Bridge configuration."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..algorithms.blend_chunks import DEFAULT_WARMUP
 from ..algorithms.blend_sizes import DEFAULT_SURPLUS
+from ..algorithms.checks import integer
+from ..algorithms.gpt_index import INT32_MAX, UINT32_MAX
 from ..errors import MegacacheError
 from ..runtime.log import LOG
 from ..megatron.blends import Blend
-from ..megatron.tokenizer import TOKENIZER_FLAGS
+from ..megatron.cache import default_cache_dir
+from ..megatron.tokenizer import TOKENIZER_FLAGS, check_identity
 from ..megatron.training import DEFAULT_SEED, DEFAULT_SPLIT, SIZE_FLAGS
-from .gpt import GPTSettings
 
 #: the Megatron-LM flags a build reads, by their names in Megatron's parsed arguments: the data's
 #: (``megatron.blends``), the sizes' (``megatron.training.SIZE_FLAGS``) and the tokenizer's
@@ -22,7 +24,7 @@ from .gpt import GPTSettings
 DATA_FLAGS = ("data_path", "data_args_path", "train_data_path", "valid_data_path", "test_data_path",
               "per_split_data_args_path", "split", "seq_length", "encoder_seq_length", "seed", "data_cache_path",
               "mid_level_dataset_surplus", "per_dataset_sequences_path", "dataloader_fast_cache_load",
-              "dataloader_defer_npy_index_mmap")
+              "dataloader_defer_npy_index_mmap", "object_storage_cache_path")
 MEGATRON_FLAGS = DATA_FLAGS + tuple(f.dest for f in SIZE_FLAGS + TOKENIZER_FLAGS)
 
 #: samples blended in memory per block (BuildConfig.blend_block): 2.5 MB of buffers. Larger blocks
@@ -46,6 +48,8 @@ class BuildConfig:
     split: str | None = DEFAULT_SPLIT
     seed: int = DEFAULT_SEED
     cache_dir: str | None = None        # --data-cache-path
+    #: --object-storage-cache-path: where each ``.idx`` of a dataset in a bucket is copied to be read
+    object_cache: str | None = None
     add_extra_token: bool = True
     drop_last_partial_validation: bool = True
     surplus: float = DEFAULT_SURPLUS    # mid_level_dataset_surplus
@@ -67,6 +71,34 @@ class BuildConfig:
     #: seconds between progress lines on stderr (``runtime.progress``; None: 0.5 on a terminal, 30
     #: otherwise; 0: none)
     progress_interval_s: float | None = None
+    #: how the user named the fields ``__post_init__`` checks, for its messages (default: the flag,
+    #: ``--seq-length``): a Bridge configuration's field, say
+    field_names: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        # Every way in (flags, a Bridge configuration, Python) makes a BuildConfig: the one check of
+        # the values the plans take as they are.
+        seq_length, seed = self.field_name("seq_length"), self.field_name("seed")
+        integer(seq_length, self.seq_length, 1)
+        if self.seq_length + int(self.add_extra_token) > INT32_MAX:
+            raise MegacacheError(f"{seq_length} {self.seq_length} (+{int(self.add_extra_token)}) does not fit "
+                                 f"Megatron's int32 arithmetic")
+        integer(seed, self.seed)
+        if self.seed > UINT32_MAX:
+            raise MegacacheError(f"{seed} {self.seed} is outside numpy's RandomState range [0, 2**32-1]")
+        check_identity(self.tokenizer)
+
+    def field_name(self, name: str) -> str:
+        """``name`` as the user gave it."""
+        return self.field_names.get(name, "--" + name.replace("_", "-"))
+
+    def drop_last(self, split_name: str) -> bool:
+        """Whether a split's sample walk drops its last partial sample: only valid's is configurable."""
+        return self.drop_last_partial_validation if split_name == "valid" else True
+
+    def cache_path(self, data_path: str) -> str:
+        """Where a prefix's GPTDataset entries go: ``cache_dir``, else Megatron's default under the prefix."""
+        return self.cache_dir if self.cache_dir is not None else default_cache_dir(data_path)
 
     @classmethod
     def from_megatron_flags(cls, flags: Mapping, megatron_version: str | None = None,
@@ -148,7 +180,8 @@ class BuildConfig:
         sizes = split_sizes(version, world_size, **{f.dest: flags[f.dest] for f in SIZE_FLAGS if f.dest in flags})
         settings = dict(seed=flags.get("seed", DEFAULT_SEED), cache_dir=flags.get("data_cache_path"),
                         surplus=flags.get("mid_level_dataset_surplus", DEFAULT_SURPLUS),
-                        sequences_path=flags.get("per_dataset_sequences_path"))
+                        sequences_path=flags.get("per_dataset_sequences_path"),
+                        object_cache=flags.get("object_storage_cache_path"))
         cfg = cls(seq_length=seq_length, sizes=sizes, tokenizer=tokenizer, megatron_version=version, blend=blend,
                   blend_per_split=per_split, split=split, **{**settings, **fields})
         if megatron_python and command is not None and "tokenizer" not in fields:
@@ -178,11 +211,6 @@ class BuildConfig:
                     blend_per_split=self.blend_per_split and [b and b.as_megatron() for b in self.blend_per_split],
                     data_cache_path=self.cache_dir, mid_level_dataset_surplus=self.surplus,
                     identifiers=self.tokenizer)
-
-    @property
-    def settings(self) -> GPTSettings:
-        return GPTSettings(self.seq_length, self.tokenizer, self.seed, self.cache_dir, self.add_extra_token,
-                           self.drop_last_partial_validation)
 
 
 def check_reading(found, python: str, mine: dict, report) -> None:

@@ -39,23 +39,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..algorithms.gpt_index import (GPTIndexPlan, build_document_index, build_sample_index,
-                                    build_shuffle_index, length_stats, sample_index_rows, sample_rows_in_slice,
-                                    slice_tokens)
+                                    build_shuffle_index, length_stats, piece_tokens, sample_index_rows,
+                                    sample_rows_in_piece)
 from ..algorithms.permutation import MT19937
 from ..algorithms.splits import split_ranges
 from ..runtime.comm import Comm
-from ..algorithms.checks import integer
 from ..errors import MegacacheError
-from ..megatron.cache import SPLIT_NAMES, CacheEntry, default_cache_dir, gpt_identifiers
-from ..megatron.training import DEFAULT_SEED
+from ..megatron.cache import SPLIT_NAMES, CacheEntry, gpt_identifiers
+from .config import BuildConfig
 from .publish import publish_entries, write_description
-from ..formats.indexed import IndexedDataset
-from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_pieces, write_npy
+from ..formats.indexed import IndexedDataset, idx_path
+from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_buffers, write_npy
 from ..runtime.fsio import Staging, sync_filesystems
+from ..runtime.object_storage import download, is_object_storage, local_copy
 from ..runtime.progress import Progress
 from .scheduling import even_pieces, largest_first
 
-UINT32_MAX = 2**32 - 1
 #: arrays one rank computes whole are built in memory up to this size, else in a memory map
 IN_MEMORY_BYTES = 16 << 20
 #: a task's sample index is shared by all ranks when its document index is more than this share
@@ -72,30 +71,6 @@ IO_THREADS = 16
 PROBE_OPENS = 8
 #: ... slow: these took over this long on average (seconds each)
 SLOW_OPEN_S = 0.5e-3
-
-
-@dataclass(frozen=True)
-class GPTSettings:
-    """The GPTDatasetConfig fields shared by every dataset of a build."""
-
-    seq_length: int
-    tokenizer: dict                     # the tokenizer's unique_identifiers (hashed)
-    seed: int = DEFAULT_SEED
-    cache_dir: str | None = None        # None: Megatron's <prefix>/cache/GPTDataset_indices per prefix
-    add_extra_token: bool = True
-    drop_last_partial_validation: bool = True
-
-    def drop_last(self, split_name: str) -> bool:
-        """Whether a split's sample walk drops its last partial sample: only valid's is configurable."""
-        return self.drop_last_partial_validation if split_name == "valid" else True
-
-    def cache_path(self, data_path: str) -> str:
-        return self.cache_dir if self.cache_dir is not None else default_cache_dir(data_path)
-
-    def validate(self) -> None:
-        integer("--seq-length", self.seq_length, 1)
-        if not 0 <= self.seed <= UINT32_MAX:
-            raise MegacacheError(f"--seed {self.seed} is outside numpy's RandomState range [0, 2**32-1]")
 
 
 @dataclass(frozen=True)
@@ -120,7 +95,6 @@ class GPTTask:
     entry: CacheEntry
     plan: GPTIndexPlan
     split_range: tuple[int, int]
-    settings: GPTSettings
     reused: bool = False
     #: of the split's sequence lengths (``length_stats``): measured when the entry is found or built
     length_checksum: int | None = None
@@ -133,9 +107,9 @@ class GPTTask:
         return {
             "dataset": self.data_path, "split_range": list(self.split_range),
             "tokens": p.tokens_per_epoch, "length_checksum": f"{self.length_checksum:016x}",
-            "add_extra_token_to_sequence": self.settings.add_extra_token,
+            "add_extra_token_to_sequence": bool(p.add_extra_token),
             # only the valid split's walk reads it; the others always drop the last partial sample
-            "drop_last_partial_sequence": self.settings.drop_last(self.name),
+            "drop_last_partial_sequence": p.drop_last,
             "num_samples": p.num_samples,
             "arrays": array_records(self.arrays),
         }
@@ -179,11 +153,18 @@ def array_shapes(plan: GPTIndexPlan) -> dict[str, tuple[np.dtype, tuple]]:
 class Datasets(Mapping):
     """A build's datasets by prefix, each opened (memory-mapped) on first use: a rank opens only
     the datasets it surveys or reads lengths from (1000 prefixes opened by each of 4096 ranks would
-    be four million opens on a shared filesystem's metadata server)."""
+    be four million opens on a shared filesystem's metadata server).
 
-    def __init__(self, prefixes):
+    A dataset in a bucket is read from its ``.idx`` copied into ``object_cache`` (Megatron's
+    ``--object-storage-cache-path``, at the path Megatron gives its own copy): its surveyor copies
+    it (``fetched``), once in all, and every rank opens the copy after, with the ``.bin`` size the
+    surveyor asked the store for (``surveyed``): a request per rank per dataset saved."""
+
+    def __init__(self, prefixes, object_cache: str | None = None):
         self._prefixes = dict.fromkeys(prefixes)
         self._opened: dict[str, IndexedDataset] = {}
+        self._object_cache = object_cache
+        self._bin_sizes: dict[str, int] = {}
 
     def __getitem__(self, prefix: str) -> IndexedDataset:
         dataset = self._opened.get(prefix)
@@ -191,8 +172,25 @@ class Datasets(Mapping):
             if prefix not in self._prefixes:
                 raise KeyError(prefix)
             # threads racing to open one prefix keep the first opening
-            dataset = self._opened.setdefault(prefix, IndexedDataset(prefix))
+            dataset = self._opened.setdefault(prefix, IndexedDataset(prefix, index_copy=self._index_copy(prefix),
+                                                                     bin_size=self._bin_sizes.get(prefix)))
         return dataset
+
+    def surveyed(self, surveys: dict) -> None:
+        """The ``.bin`` sizes of the datasets in buckets, from their ``Survey``s."""
+        self._bin_sizes.update((p, s.bin_size) for p, s in surveys.items() if is_object_storage(p))
+
+    def _index_copy(self, prefix: str) -> str | None:
+        if not is_object_storage(prefix):
+            return None
+        return local_copy(idx_path(prefix), self._object_cache)
+
+    def fetched(self, prefix: str) -> IndexedDataset:
+        """The dataset, its ``.idx`` first copied from its bucket where it is in one."""
+        copy = self._index_copy(prefix)
+        if copy is not None and prefix not in self._opened:
+            download(idx_path(prefix), copy)
+        return self[prefix]
 
     def __iter__(self):
         return iter(self._prefixes)
@@ -234,6 +232,7 @@ class Survey:
     document_count: int                 # as the index stores it: documents + 1
     dtype: str
     tokens: dict                        # {(lo, hi): tokens of sequences [lo, hi)}
+    bin_size: int                       # the .bin's bytes
 
 
 def survey_datasets(requests: list[GPTRequest], datasets: Datasets, comm: Comm) -> dict[str, Survey]:
@@ -245,18 +244,19 @@ def survey_datasets(requests: list[GPTRequest], datasets: Datasets, comm: Comm) 
         bookends.setdefault(r.data_path, set()).add(tuple(r.bookends))
 
     def take(prefix: str) -> tuple[str, Survey]:
-        dataset = datasets[prefix]
+        dataset = datasets.fetched(prefix)
         if len(dataset) == 0:
             raise MegacacheError(f"{prefix}: the dataset has no sequences; there is nothing to sample")
         ranges = sorted({rng for b in bookends[prefix] for rng in split_ranges(list(b), len(dataset))
                          if rng is not None})
         lay = dataset.layout
         return prefix, Survey(lay.sequence_count, lay.document_count, np.dtype(lay.dtype).str,
-                              dict(zip(ranges, split_tokens(dataset, ranges))))
+                              dict(zip(ranges, split_tokens(dataset, ranges))), dataset.bin_size)
 
     with comm.agreed("opening the datasets"):
         mine = open_all(take, list(bookends)[comm.rank::comm.size])
-    surveyed = dict(pair for part in comm.allgather(mine) for pair in part)
+    surveyed = dict(pair for from_rank in comm.allgather(mine) for pair in from_rank)
+    datasets.surveyed(surveyed)
     return {prefix: surveyed[prefix] for prefix in bookends}
 
 
@@ -303,8 +303,8 @@ def measure_lengths(tasks: list[GPTTask], datasets: Datasets, comm: Comm) -> Non
             lo = tasks[i].split_range[0]
             mine.append((i, *_length_stats_read(datasets[tasks[i].data_path], lo + a, lo + b)))
     totals = [[0, 0] for _ in tasks]
-    for part in comm.allgather(mine):
-        for i, tokens, checksum in part:
+    for from_rank in comm.allgather(mine):
+        for i, tokens, checksum in from_rank:
             totals[i][0] += tokens
             totals[i][1] = (totals[i][1] + checksum) % 2**64
     with comm.agreed("checking sequence lengths"):
@@ -312,7 +312,7 @@ def measure_lengths(tasks: list[GPTTask], datasets: Datasets, comm: Comm) -> Non
             check_tokens(task, tokens, checksum)
 
 
-def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, surveys: dict[str, Survey]) -> list[GPTTask]:
+def plan_tasks(requests: list[GPTRequest], cfg: BuildConfig, surveys: dict[str, Survey]) -> list[GPTTask]:
     """Every request's non-None splits as tasks with their plans (identical on every rank, from the
     datasets' surveys: no lengths are read), in request order then split order; whether each entry
     exists already is decided on rank 0."""
@@ -324,24 +324,24 @@ def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, surveys: dict[
                 continue
             tokens = survey.tokens[rng]
             size = r.sizes[i]
-            if tokens == 0 and size is not None and (size > 0 or settings.add_extra_token):
+            if tokens == 0 and size is not None and (size > 0 or cfg.add_extra_token):
                 what = "empty" if rng[0] == rng[1] else "made of empty sequences"
                 raise MegacacheError(
                     f"{r.data_path}: the {name} split is {what} ({r.split!r} of {survey.sequence_count} "
                     f"sequences gives [{rng[0]}, {rng[1]})) but {size} samples are requested from it; "
                     f"megatron-core would loop forever. Change --split, or request no {name} samples")
-            drop_last = settings.drop_last(name)
             try:
-                # The longest sequence only matters above INT32_MAX tokens, which an int32 length
-                # cannot hold: 0 stands for it.
-                plan = GPTIndexPlan.from_counts(rng[1] - rng[0], tokens, 0, size, settings.seq_length,
-                                                int(settings.add_extra_token), drop_last)
+                plan = GPTIndexPlan.from_counts(num_documents=rng[1] - rng[0], tokens_per_epoch=tokens,
+                                                num_samples=size, seq_length=cfg.seq_length,
+                                                add_extra_token=int(cfg.add_extra_token),
+                                                drop_last=cfg.drop_last(name))
             except MegacacheError as exc:
                 raise MegacacheError(f"{r.data_path}, {name} split: {exc}") from None
-            ids = gpt_identifiers(r.data_path, plan.requested_samples, name, settings.seed, settings.seq_length,
-                                  r.split, r.hashed_matrix, settings.tokenizer)
-            tasks.append(GPTTask(len(tasks), k, name, r.data_path, CacheEntry(settings.cache_path(r.data_path), ids),
-                                 plan, rng, settings))
+            ids = gpt_identifiers(dataset_path=r.data_path, num_samples=plan.requested_samples, split_name=name,
+                                  random_seed=cfg.seed, seq_length=cfg.seq_length, split=r.split,
+                                  split_matrix=r.hashed_matrix, tokenizer=cfg.tokenizer)
+            tasks.append(GPTTask(len(tasks), k, name, r.data_path, CacheEntry(cfg.cache_path(r.data_path), ids),
+                                 plan, rng))
     return tasks
 
 
@@ -352,10 +352,10 @@ def plan_tasks(requests: list[GPTRequest], settings: GPTSettings, surveys: dict[
 class GPTBuild:
     """The tasks still to build, their temporary files, and who owns which."""
 
-    def __init__(self, tasks: list[GPTTask], datasets: Datasets, settings: GPTSettings,
+    def __init__(self, tasks: list[GPTTask], datasets: Datasets, seed: int,
                  comm: Comm, tag: str, progress: Progress):
         self.todo = [j for j in tasks if not j.reused]
-        self.datasets, self.settings, self.comm, self.progress = datasets, settings, comm, progress
+        self.datasets, self.comm, self.progress = datasets, comm, progress
         self.owners = largest_first([j.cost for j in self.todo], comm.size)
         self.mine = [j for j, o in zip(self.todo, self.owners) if o == comm.rank]
         total = sum(j.plan.document_index_length for j in self.todo)
@@ -366,7 +366,7 @@ class GPTBuild:
         # this rank's tasks' files until they are published
         self.staging = Staging(tag)
         # every task's generator starts as a copy of this one (seeding is 624 steps; copying it, one)
-        self.seeded = MT19937.from_seed(settings.seed)
+        self.seeded = MT19937.from_seed(seed)
 
     def build(self, phases: dict[str, float], enter=lambda phase: None) -> None:
         """``enter(phase)`` is told each phase as it starts (the job's rank monitor). Small tasks'
@@ -394,9 +394,9 @@ class GPTBuild:
             # A small task's owner read its lengths; a shared task's are read by all ranks.
             measure_lengths(self.shared, self.datasets, self.comm)
             self._sample_index()
-            for part in self.comm.allgather({j.index: j.length_checksum for j in self.mine}):
+            for from_rank in self.comm.allgather({j.index: j.length_checksum for j in self.mine}):
                 for j in self.todo:
-                    j.length_checksum = part.get(j.index, j.length_checksum)
+                    j.length_checksum = from_rank.get(j.index, j.length_checksum)
             phases["sample_index"] = time.monotonic() - t
 
             enter("shuffle index")
@@ -445,7 +445,7 @@ class GPTBuild:
         write_description(task.entry, self.staging)
 
     def _write_npy(self, final: str, array: np.ndarray) -> None:
-        self.staging.write(final, npy_pieces(array))
+        self.staging.write(final, npy_buffers(array))
 
     def _shuffle_index(self, task: GPTTask, state: MT19937) -> None:
         p = task.plan
@@ -482,7 +482,7 @@ class GPTBuild:
     def _pieces(self) -> list[tuple[GPTTask, int, int]]:
         """This rank's ``(task, p0, p1)`` pieces of the shared tasks' document indices laid end to end,
         each cut in steps of ``WALK_STEP`` positions (any cut gives the same rows: see
-        ``sample_rows_in_slice``); an empty document index is one empty piece."""
+        ``sample_rows_in_piece``); an empty document index is one empty piece."""
         lengths = [j.plan.document_index_length for j in self.shared]
         mine = {i: (a, b) for i, a, b in even_pieces(lengths, self.comm.rank, self.comm.size)}
         # An empty document index still has its one sample-index row: the rank whose share starts
@@ -505,7 +505,7 @@ class GPTBuild:
         with comm.agreed("summing tokens for the sample indices"):
             for task, p0, p1 in pieces:
                 document_index = load_npy(self._named(task, "document_index.npy"))[p0:p1]
-                sums.append(slice_tokens(self.datasets[task.data_path].sequence_lengths, document_index))
+                sums.append(piece_tokens(self.datasets[task.data_path].sequence_lengths, document_index))
         # Tokens before this rank's first task's pieces: the pieces of the same task on lower ranks,
         # each of which holds it as its last task.
         first = pieces[0][0].index if pieces else None
@@ -525,7 +525,7 @@ class GPTBuild:
 
     def _write_sample_rows(self, task: GPTTask, p0: int, p1: int, total: int, start: int) -> None:
         plan = task.plan
-        k0, k1 = sample_rows_in_slice(plan, p0, p1, start, start + total)
+        k0, k1 = sample_rows_in_piece(plan, p0, p1, start, start + total)
         if k1 > k0:
             document_index = load_npy(self._named(task, "document_index.npy"))[p0:p1]
             rows = sample_index_rows(plan, self.datasets[task.data_path].sequence_lengths, document_index, start,

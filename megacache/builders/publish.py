@@ -9,6 +9,7 @@ import json
 import os
 
 from ..errors import FormatError
+from ..runtime import object_storage
 from ..runtime.fsio import STATE_DIR, Staging, make_directories, read_json, write_atomic, write_json_atomic
 
 #: a dataset's record in the state directory beside it: ``{dataset's file name}{RECORD_SUFFIX}``
@@ -71,15 +72,25 @@ def manifest_bytes(entries: dict[str, dict]) -> bytes:
     return f'{{"format": 1, "entries": {{\n{lines}\n}}}}\n'.encode()
 
 
-def size_and_time(path: str) -> list[int]:
+def size_and_time(path: str) -> list:
     """What a record keeps of a published file: its size and modification time, to tell by one stat
-    whether it is still the file published."""
+    whether it is still the file published; of an object, its size and ETag (one listing). A
+    missing one raises FileNotFoundError."""
+    if object_storage.is_object_storage(path):
+        found = [o for o in object_storage.listing(path) if o.url == path]
+        if not found:
+            raise FileNotFoundError(path)
+        return [found[0].size, found[0].etag]
     st = os.stat(path)
     return [st.st_size, st.st_mtime_ns]
 
 
 def record_path(output: str) -> str:
-    """Where the record of the dataset ``output`` (a prefix, or a file such as a ``.pbin``) is."""
+    """Where the record of the dataset ``output`` (a prefix, or a file such as a ``.pbin``) is: in
+    the state directory beside it, for an object too (``s3://B/dir/.megacache/NAME.made-from.json``)."""
+    if object_storage.is_object_storage(output):
+        directory, _, name = output.rpartition("/")
+        return f"{directory}/{STATE_DIR}/{name}{RECORD_SUFFIX}"
     directory, name = os.path.split(os.path.abspath(output))
     return os.path.join(directory, STATE_DIR, name + RECORD_SUFFIX)
 
@@ -87,7 +98,16 @@ def record_path(output: str) -> str:
 def read_record(output: str) -> dict | None:
     """The record of the dataset ``output``; None when there is none (another tool wrote it)."""
     path = record_path(output)
-    record = _read_state(path, "delete it, or pass --overwrite to replace the dataset and its record")
+    remedy = "delete it, or pass --overwrite to replace the dataset and its record"
+    if object_storage.is_object_storage(path):
+        try:
+            record = json.loads(object_storage.read(path))
+        except object_storage.ObjectMissing:
+            return None
+        except ValueError as exc:
+            raise FormatError(f"{object_storage.shown(path)}: unreadable ({exc}); {remedy}") from None
+    else:
+        record = _read_state(path, remedy)
     if record is None:
         return None
     if not isinstance(record, dict):
@@ -97,5 +117,8 @@ def read_record(output: str) -> dict | None:
 
 def write_record(output: str, record: dict) -> None:
     """The record of the dataset ``output``, written atomically once it is published."""
+    if object_storage.is_object_storage(output):
+        object_storage.upload_bytes(json.dumps(record).encode(), record_path(output))
+        return
     make_directories(os.path.dirname(record_path(output)))
     write_json_atomic(record_path(output), record)

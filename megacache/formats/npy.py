@@ -59,8 +59,8 @@ def _numpy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     return buf.getvalue()
 
 
-def npy_pieces(array: np.ndarray) -> list:
-    """``numpy.save``'s bytes for an array (no pickle), as pieces to write end to end."""
+def npy_buffers(array: np.ndarray) -> list:
+    """``numpy.save``'s bytes for an array (no pickle), as buffers to write end to end."""
     array = np.ascontiguousarray(array)
     return [npy_header(array.dtype, array.shape), array]
 
@@ -68,7 +68,7 @@ def npy_pieces(array: np.ndarray) -> list:
 def write_npy(path: str, array: np.ndarray) -> None:
     """``numpy.save``'s bytes for an array, as one new file."""
     with writing(path):
-        write_new_file(path, npy_pieces(array))
+        write_new_file(path, npy_buffers(array))
 
 
 class BackgroundWrites:

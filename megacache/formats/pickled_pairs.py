@@ -23,8 +23,9 @@ Reading accepts only the opcodes such a list needs, in the order a list of pairs
 well-formed frames; anything else (a global, a reduce, a string, a negative number) is refused with
 its offset, so a crafted file runs nothing. ``checkpoints`` checks a whole index once and keeps the
 parser's state every so many items; ``window`` decodes a range of items from such a state;
-``decode`` reads all. ``decode_reference`` is the same decoder written over ``pickletools.genops``
-(which parses without executing), the serial reference for the kernel.
+``decode`` reads all. ``decode_reference`` is the same decoder written over ``opcodes``, a walk of
+``pickletools.genops`` (which parses without executing) with the checks any pickle reader needs
+(PROTO, frames, trailing bytes): the serial reference for the kernel.
 """
 
 from __future__ import annotations
@@ -418,45 +419,61 @@ def window(buf, name: str, resume: np.ndarray | None, first: int, count: int) ->
     return offsets, lengths
 
 
-def decode_reference(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
-    """``decode`` written over ``pickletools.genops``: the same pairs, or a refusal at the same byte
-    (tests hold the kernel to it)."""
+def refusal(name: str, label: str, at: int, why: str) -> FormatError:
+    """The error refusing a pickle in file ``name`` at byte ``at`` (``label`` says of what)."""
+    return FormatError(f"{name}: {label} {at}: {why}")
+
+
+def opcodes(data: bytes, name: str):
+    """The opcodes of the pickle ``data`` as ``pickletools.genops`` parses them (nothing
+    is executed): (name, argument, byte position), PROTO and FRAME checked and left out. Refused
+    (``refusal``): anything but a protocol 2 to 5 pickle, an unknown opcode, one across a frame's
+    end, a frame past the end, bytes after STOP."""
     stream = io.BytesIO(data)
     ops = pickletools.genops(stream)
-    pairs, stack = [], []
-    started = marked = memo_ok = False
-    pending = where = memos = 0
     frame_end = -1
-
-    def refuse(at: int, why: str):
-        raise FormatError(f"{name}: index byte {at}: {why}")
-
     while True:
         where = stream.tell()
         try:
             opcode, arg, pos = next(ops)
         except StopIteration:
-            return (np.array([a for a, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.int64))
+            return
         except ValueError:  # unknown opcode, or the data ends inside one or before STOP
-            refuse(where, "not a complete pickle")
+            raise refusal(name, "index byte", where, "not a complete pickle") from None
         op, end = opcode.name, stream.tell()
         if pos == 0:
             if op != "PROTO" or not 2 <= arg <= 5:
-                refuse(0, f"{op}: not a pickle of protocol 2 to 5")
+                raise refusal(name, "index byte", pos, f"{op}: not a pickle of protocol 2 to 5")
             continue
         if op == "PROTO":
-            refuse(pos, "PROTO after the start")
+            raise refusal(name, "index byte", pos, "PROTO after the start")
         if frame_end >= 0 and pos >= frame_end:
             frame_end = -1
-        if op == "LONG1" and data[pos + 1] > 8:
-            refuse(pos, "an integer too large for 63 bits")
         if frame_end >= 0 and end > frame_end:
-            refuse(pos, f"{op} across a frame's end")
+            raise refusal(name, "index byte", pos, f"{op} across a frame's end")
         if op == "FRAME":
             if end + arg > len(data):
-                refuse(pos, "a frame runs past the end")
+                raise refusal(name, "index byte", pos, "a frame runs past the end")
             frame_end = end + arg
             continue
+        yield op, arg, pos
+        if op == "STOP" and pos != len(data) - 1:  # after the caller has judged the STOP itself
+            raise refusal(name, "index byte", pos + 1, "bytes after the pickle's STOP opcode")
+
+
+def decode_reference(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """``decode`` written over ``opcodes``: the same pairs, or a refusal at the same byte (tests
+    hold the kernel to it)."""
+    pairs, stack = [], []
+    started = marked = memo_ok = False
+    pending = memos = 0
+
+    def refuse(at: int, why: str):
+        raise refusal(name, "index byte", at, why)
+
+    for op, arg, pos in opcodes(data, name):
+        if op == "LONG1" and data[pos + 1] > 8:
+            refuse(pos, "an integer too large for 63 bits")
         if op in ("MEMOIZE", "BINPUT", "LONG_BINPUT"):
             if not memo_ok or (op != "MEMOIZE" and arg != memos):
                 refuse(pos, f"{op} out of place")
@@ -496,7 +513,6 @@ def decode_reference(data: bytes, name: str) -> tuple[np.ndarray, np.ndarray]:
         elif op == "STOP":
             if marked or stack or pending:
                 refuse(pos, "STOP inside the list")
-            if pos != len(data) - 1:
-                refuse(pos + 1, "bytes after the pickle's STOP opcode")
         else:
             refuse(pos, f"opcode {op} is not one a list of integer pairs needs")
+    return np.array([a for a, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.int64)

@@ -20,7 +20,9 @@ training's own interpreter) and the sizes and tokenizer identity derived from it
         megatron_python="/venvs/train/bin/python")     # optional: that Megatron's own build_tokenizer
 
 ``open_cache`` needs no other rank: each process plans on its own (reading the sequence lengths)
-and memory-maps the files.
+and memory-maps the files. A dataset in a bucket (``s3://``, ``msc://``) needs ``object_cache``, as
+for ``build``: its ``.idx`` is copied there, and each sample reads its ``.bin`` by ranged requests for
+the tokens the sample takes (docs/object-storage.md).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..errors import CacheDamaged, CacheNotBuilt
 from ..readers.samples import NO_PAD, BlendedSamples, GPTSamples
 
 __all__ = ["BuildConfig", "BuildResult", "build", "split_sizes", "tokenizer_identifiers", "open_cache", "prepare_cache",
-           "PreparedCache", "GPTSamples", "BlendedSamples"]
+           "PreparedCache", "GPTSamples", "BlendedSamples", "pack_sft"]
 
 
 def open_cache(cfg: BuildConfig, pad_id: int = NO_PAD) -> dict[str, GPTSamples | BlendedSamples]:
@@ -96,3 +98,14 @@ def prepare_cache(cfg: BuildConfig, timeout_s: float = 3600.0, pad_id: int = NO_
         return PreparedCache(splits, None)
     result = build(cfg, comm)
     return PreparedCache(open_cache(cfg, pad_id), result)
+
+
+def pack_sft(config: str, comm=None) -> list:
+    """Megatron-Bridge's packed SFT files of a finetuning ConfigContainer YAML, as ``megacache pack
+    --bridge-config`` writes them, on the ranks of ``comm`` (default: the job's, ``get_comm()``).
+    Returns each split's outcome (``PackedOutcome``: written, or present and left as it is)."""
+    from ..builders.sft_packing import pack_bridge, read_config
+    from ..runtime.comm import get_comm
+
+    comm = comm or get_comm()
+    return pack_bridge(read_config(config, comm), comm)

@@ -109,11 +109,10 @@ def _cmd_tokenize(args: argparse.Namespace, comm: Comm) -> int:
 
 
 def _copy_summary(verb: str, r) -> str:
-    from ..formats.datatrove import is_ds
-    from ..formats.olmo import is_olmo
-    from ..formats.pbin import is_pbin
+    from ..formats.paths import DS, MEGATRON, OLMO, format_of
 
-    megatron = not (is_pbin(r.output) or is_ds(r.output) or is_olmo(r.output))
+    kind = format_of(r.output)
+    megatron = kind == MEGATRON
     files = ".bin/.idx" if megatron else ""
     where = (f"{r.output}{files}" if len(r.outputs) == 1 else
              f"{len(r.outputs)} {'datasets' if '*' in r.output else 'parts'} {r.outputs[0]}{files} ... "
@@ -122,8 +121,8 @@ def _copy_summary(verb: str, r) -> str:
     line = (f"megacache {verb}: {r.inputs} dataset(s) -> {where}: {r.documents:,} documents, {sequences}"
             f"{r.tokens:,} tokens in {r.seconds:.1f} s on {r.ranks} rank(s)")
     if r.joined:
-        kind = "a .ds" if is_ds(r.output) else "an OLMo" if is_olmo(r.output) else "a .pbin"
-        line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); {kind} document "
+        one = "a .ds" if kind == DS else "an OLMo" if kind == OLMO else "a .pbin"
+        line += (f"\n  {r.joined:,} document(s) held several sequences (Megatron sentence splits); {one} document "
                  "is one run of tokens, so each became one")
     if r.loss_masks:
         line += (f"\n  {r.loss_masks} input(s) had a .ds.loss mask, not carried (no output format holds one): "
@@ -213,7 +212,7 @@ def _build(args: argparse.Namespace, comm: Comm) -> None:
             print(b.entry.description, flush=True)
     if result.sequences_path:
         print(f"  Megatron's --per-dataset-sequences-path file: {result.sequences_path}", flush=True)
-    print("  phases: " + ", ".join(f"{k} {v:.2f} s" for k, v in result.phases.items()), flush=True)
+    print("  phases: " + ", ".join(f"{k} {v:.3f} s" for k, v in result.phases.items()), flush=True)
 
 
 def build_config(args: argparse.Namespace, comm: Comm):
@@ -362,80 +361,66 @@ def _indent(text: str, spaces: int) -> str:
     return "\n".join(" " * spaces + line for line in text.split("\n"))
 
 
-def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
-    import os
+def _cmd_pack(args: argparse.Namespace, comm: Comm) -> None:
     import time
 
-    from ..formats.datatrove import is_ds
-    from ..formats.indexed import bin_path, idx_path
-    from ..formats.olmo import given_eos, given_width, is_olmo
-    from ..formats.pbin import is_pbin
+    from ..builders.sft_packing import pack_bridge, packed_states, read_config
+
+    started = time.perf_counter()
+    cfg = read_config(args.bridge_config, comm)
+    if args.dry_run:
+        states = packed_states(cfg, comm)
+        if comm.rank == 0:
+            for s in states:
+                state = "present" if s.state == "present" else "to write"
+                print(f"{state:<9}{s.split.name:<11}{s.split.output_path}"
+                      + ("  (Bridge finds it and packs nothing)" if s.state == "present" else ""), flush=True)
+            if any(s.state == "missing" for s in states):
+                print(f"{'appended':<9}{'metadata':<11}{cfg.metadata_path}", flush=True)
+            print("megacache pack --dry-run: nothing written", flush=True)
+        return
+    outcomes = pack_bridge(cfg, comm)
+    if comm.rank != 0:
+        return
+    for o in outcomes:
+        if o.state == "present":
+            print(f"{o.split.name}: {o.split.output_path} is there already, left as it is (as Bridge leaves it)",
+                  flush=True)
+        else:
+            m = o.metadata
+            print(f"{o.split.name}: {o.split.output_path}: packing factor {m['packing_factor']}, efficiency "
+                  f"{m['packing_efficiency']}%", flush=True)
+    written = sum(o.state == "written" for o in outcomes)
+    print(f"megacache pack: {written} packed file(s) written, metadata {cfg.metadata_path}, in "
+          f"{time.perf_counter() - started:.1f} s on {comm.size} rank(s)", flush=True)
+
+
+def _cmd_verify(args: argparse.Namespace, comm: Comm) -> None:
+    import time
+
     from ..megatron.versions import resolve
-    from ..readers.verify import summarize_dataset, verify_cache, verify_dataset, verify_ds, verify_olmo, verify_pbin
-    from ..runtime.progress import Progress
+    from ..readers.verify import verify_paths
 
     _check_olmo_flags(args, "verify")
     version = resolve(args.megatron_version)  # on every rank, so all agree on a bad version
     started = time.perf_counter()
-    failed, checked = [], 0
 
-    def report(name: str, summary: str, problems: list[str]) -> None:
-        if problems:
-            failed.append(name)
-            print("\n".join([f"FAIL {name}", *(f"  {p}" for p in problems)]), flush=True)
+    def show(v) -> None:
+        if v.problems:
+            print("\n".join([f"FAIL {v.name}", *(f"  {p}" for p in v.problems)]), flush=True)
         else:
-            print(f"ok   {summary}", flush=True)
+            print(f"ok   {v.summary}", flush=True)
 
-    def is_cache(path: str) -> bool:
-        # A prefix with its files is a dataset even when it is a directory too (Megatron's default
-        # cache directory lives under the prefix), as inspect decides. verify only reads: a path
-        # judged by this function and changed after is read as it then is.
-        prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
-        return os.path.isdir(path) and not (os.path.isfile(idx_path(prefix)) or os.path.isfile(bin_path(prefix)))
-
-    def check_dataset(path: str) -> tuple[str, str, list[str]]:
-        if is_pbin(path) or is_ds(path):
-            problems, summary = (verify_ds if is_ds(path) else verify_pbin)(path, vocab_size=args.vocab_size)
-            return path, summary, problems
-        if is_olmo(path):
-            problems, summary = verify_olmo(path, given_width(f"verify: {path}", args.dtype, args.vocab_size),
-                                            given_eos(args.eos_id, "verify"), vocab_size=args.vocab_size)
-            return path, summary, problems
-        prefix = path[:-4] if path.endswith((".bin", ".idx")) else path
-        problems = verify_dataset(prefix, vocab_size=args.vocab_size)
-        return prefix, "" if problems else summarize_dataset(prefix), problems
-
-    # Datasets are shared out over the ranks, caches checked by all of them together.
-    caches = comm.on_root(lambda: [is_cache(path) for path in args.paths], "finding the caches")
-    datasets = [i for i, cache in enumerate(caches) if not cache]
-    first = args.paths[0] if caches[0] else os.path.dirname(os.path.abspath(args.paths[0]))
-    with Progress.beside(comm, first, "verify", args.progress_interval) as progress:
-        progress.phase("datasets", len(datasets), "datasets")
-        with comm.agreed("checking the datasets"):
-            mine = {}
-            for i in datasets[comm.rank :: comm.size]:
-                mine[i] = check_dataset(args.paths[i])
-                progress.add("datasets", 1)
-        checked_datasets = {i: r for part in comm.allgather(mine) for i, r in part.items()}
-        for i, path in enumerate(args.paths):
-            if not caches[i]:
-                checked += 1
-                if comm.rank == 0:
-                    report(*checked_datasets[i])
-                continue
-            verdicts = verify_cache(path, version, comm, progress)
-            checked += max(len(verdicts), 1)
-            if comm.rank == 0:
-                if not verdicts:
-                    report(path, "", [f"{path}: no cache entries in this directory"])
-                for v in verdicts:
-                    report(v.title, f"{v.title}: {v.summary}", v.problems)
-    failed = comm.bcast(failed)
+    verdicts = verify_paths(args.paths, version, comm, vocab_size=args.vocab_size, dtype=args.dtype,
+                            eos_id=args.eos_id, progress_interval_s=args.progress_interval,
+                            report=show if comm.rank == 0 else None)
+    failed = [v.name for v in verdicts if v.problems]
     if failed:
         shown = ", ".join(failed[:5]) + (f" and {len(failed) - 5} more" if len(failed) > 5 else "")
-        raise MegacacheError(f"{len(failed)} of {checked} dataset(s) or cache entries failed verification: {shown}")
+        raise MegacacheError(f"{len(failed)} of {len(verdicts)} dataset(s) or cache entries failed verification: "
+                             f"{shown}")
     if comm.rank == 0:
-        print(f"megacache verify: all {checked} dataset(s) and cache entries passed in "
+        print(f"megacache verify: all {len(verdicts)} dataset(s) and cache entries passed in "
               f"{time.perf_counter() - started:.1f} s on {comm.size} rank(s)", flush=True)
 
 
@@ -663,9 +648,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="megacache", description=f"{__doc__.strip()}\n\nEnvironment:\n{described}")
     parser.add_argument("-V", "--version", action="version", version=f"megacache {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_tokenize_args, _add_build_args, _add_merge_args, _add_convert_args, _add_verify_args,
-                _add_inspect_args, _add_clean_args, _add_sample_corpus_args, _add_kernels_args):
-        add(sub)
+    for add, run in ((_add_tokenize_args, _cmd_tokenize), (_add_build_args, _cmd_build), (_add_pack_args, _cmd_pack),
+                     (_add_merge_args, _cmd_merge),
+                     (_add_convert_args, _cmd_convert), (_add_verify_args, _cmd_verify),
+                     (_add_inspect_args, _cmd_inspect), (_add_clean_args, _cmd_clean),
+                     (_add_sample_corpus_args, _cmd_sample_corpus), (_add_kernels_args, _cmd_kernels)):
+        add(sub).set_defaults(func=run)
     return parser
 
 
@@ -678,20 +666,21 @@ _INPUT_LIST_HELP = ("a file naming more datasets, one per line, after those give
                     "with # skipped): for tens of thousands of shards")
 _MAX_SIZE_HELP = ("write parts of at most this many bytes of tokens each (whole inputs, in order; an input larger "
                   "than this alone), named OUT-00000-of-000NN ...")
-_OLMO_EOS_HELP = "an OLMo token file's EOS id (OLMo-core's eos_token_id), which ends each of its documents"
-_OLMO_DTYPE_HELP = "an OLMo token file's width (OLMo-core's dtype), which the file does not record"
 
 
-def _add_tokenize_args(sub) -> None:
+def _add_tokenize_args(sub) -> argparse.ArgumentParser:
     from ..text.backends import BACKENDS, DEFAULT_VERIFY_FRACTION
 
     p = sub.add_parser("tokenize", help="tokenize text into Megatron .bin/.idx datasets")
     p.add_argument("--input", nargs="+", required=True, metavar="PATH", type=nonempty,
-                   help="files, directories or globs: .jsonl/.json, .txt, .parquet; .gz/.zst for the line formats")
+                   help="files, directories or globs: .jsonl/.json, .txt, .parquet; .gz/.zst for the line formats; "
+                        "also in buckets, read where they are: s3://BUCKET/PREFIX/, s3://BUCKET/KEY, "
+                        "'s3://BUCKET/dir/*.jsonl.gz', msc://PROFILE/... (docs/object-storage.md)")
     p.add_argument("--output-prefix", required=True, metavar="PREFIX", type=nonempty,
                    help="as Megatron's preprocess_data.py: writes {PREFIX}_{key}_document.bin/.idx (or "
                         "{PREFIX}_{key}_document.pbin), one dataset per --json-keys key (unlike merge's "
-                        "--output-prefix, which is the dataset's own prefix)")
+                        "--output-prefix, which is the dataset's own prefix); also in a bucket, "
+                        "s3://BUCKET/DIR/NAME or msc://PROFILE/DIR/NAME (.bin/.idx only; docs/object-storage.md)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the datasets at the output prefix when they are there already, made from other "
                         "inputs or settings or by another tool (without it such a dataset is refused; one that "
@@ -721,10 +710,10 @@ def _add_tokenize_args(sub) -> None:
                    help="stop with an error when gigatoken disagrees with the reference library (self-test or a "
                         "unit), instead of falling back to it")
     _add_progress_interval_arg(p)
-    p.set_defaults(func=_cmd_tokenize)
+    return p
 
 
-def _add_build_args(sub) -> None:
+def _add_build_args(sub) -> argparse.ArgumentParser:
     from ..algorithms.blend_sizes import DEFAULT_SURPLUS
     from ..megatron.tokenizer import TOKENIZER_FLAGS
     from ..megatron.training import DEFAULT_SEED, SIZE_FLAGS
@@ -804,6 +793,9 @@ def _add_build_args(sub) -> None:
     g = p.add_argument_group("the cache")
     g.add_argument("--data-cache-path", help="default: Megatron's <prefix>/cache/GPTDataset_indices (blends "
                                              "need it: Megatron caches blends only there)")
+    g.add_argument("--object-storage-cache-path", metavar="DIR",
+                   help="with s3:// or msc:// data paths (required then, as in Megatron-LM): each dataset's .idx "
+                        "is copied into DIR where training copies it, and read there; the .bin is not read")
     g.add_argument("--per-dataset-sequences-path", metavar="FILE.json",
                    help="write Megatron's --per-dataset-sequences-path file here (default: "
                         "sequences_per_dataset.json in --data-cache-path; '' for none)")
@@ -824,10 +816,24 @@ def _add_build_args(sub) -> None:
     g = p.add_argument_group("Megatron-LM's loading flags", "accepted; the cache is the same with or without them")
     g.add_argument("--dataloader-fast-cache-load", action="store_true")
     g.add_argument("--dataloader-defer-npy-index-mmap", action="store_true")
-    p.set_defaults(func=_cmd_build)
+    return p
 
 
-def _add_merge_args(sub) -> None:
+def _add_pack_args(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("pack", help="prepare Megatron-Bridge's packed SFT sequences before fine-tuning "
+                                    "(docs/sft-packing.md), every rank tokenizing a share of each split")
+    p.add_argument("--bridge-config", required=True, metavar="CONFIG.yaml", type=nonempty,
+                   help="a Megatron-Bridge finetuning ConfigContainer as Bridge writes it to YAML: its dataset "
+                        "(GPTSFTDatasetConfig with dataset_root, seq_length, seed, dataset_kwargs, "
+                        "offline_packing_specs) and HuggingFaceTokenizer; the training and validation packed "
+                        "files and the metadata file are written where Bridge's builder looks for them, and a "
+                        "split whose packed file is there is left as it is")
+    p.add_argument("--dry-run", action="store_true",
+                   help="write nothing: list the packed files and whether each is there or would be written")
+    return p
+
+
+def _add_merge_args(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("merge", help="concatenate datasets in the order given (Megatron prefixes, .pbin or .ds files)")
     p.add_argument("prefixes", nargs="*", metavar="PREFIX|FILE.pbin|FILE.ds",
                    help="the datasets to concatenate, in order: Megatron prefixes, .pbin files or datatrove .ds files"
@@ -840,14 +846,19 @@ def _add_merge_args(sub) -> None:
                    help="the output's token dtype, for inputs of several widths (refused without it); every id is "
                         "checked to fit (a Megatron prefix holds uint8, int8, uint16, int16, int32 or int64, a .pbin "
                         "uint8, uint16 or uint32, a .ds uint16 or uint32)")
+    _add_copy_args(p)
+    return p
+
+
+def _add_copy_args(p: argparse.ArgumentParser) -> None:
+    """The flags merge and convert share, which copy tokens from their inputs into outputs."""
     p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=_MAX_SIZE_HELP)
     p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
     p.add_argument("--drop-loss-mask", action="store_true", help=_DROP_LOSS_HELP)
     _add_progress_interval_arg(p)
-    p.set_defaults(func=_cmd_merge)
 
 
-def _add_convert_args(sub) -> None:
+def _add_convert_args(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("convert", help="a dataset in another format: Megatron's .bin/.idx, Modalities' .pbin, "
                                        "datatrove's .ds, OLMo's token files (docs/modalities.md, docs/datatrove.md, "
                                        "docs/olmo.md)")
@@ -857,6 +868,9 @@ def _add_convert_args(sub) -> None:
     p.add_argument("destination", metavar="DST",
                    help="another format: a path ending in .pbin, .ds or .npy (OLMo), or a Megatron prefix; with "
                         "--per-file a pattern whose * stands for each input's name (out/*.pbin, out/* for prefixes)")
+    p.add_argument("--per-file", action="store_true",
+                   help="convert each input into its own dataset, named by DST's pattern, the ranks sharing the "
+                        "inputs (instead of all inputs into one)")
     p.add_argument("--vocab-size", type=positive,
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's), "
                         "which here chooses the output's token size by its format's rule (Megatron: uint16 "
@@ -873,68 +887,69 @@ def _add_convert_args(sub) -> None:
                    help="an OLMo token file's width (OLMo-core's dtype): an input's, which the file does not "
                         "record, or the output's (default: the sources' width)")
     p.add_argument("--input-list", metavar="FILE", type=nonempty, help=_INPUT_LIST_HELP)
-    p.add_argument("--max-size", type=byte_size, metavar="SIZE", help=_MAX_SIZE_HELP)
-    p.add_argument("--per-file", action="store_true",
-                   help="convert each input into its own dataset, named by DST's pattern, the ranks sharing the "
-                        "inputs (instead of all inputs into one)")
-    p.add_argument("--chunk-bytes", type=byte_size, default="256M", help="copy granularity (default 256M)")
-    p.add_argument("--drop-loss-mask", action="store_true", help=_DROP_LOSS_HELP)
-    _add_progress_interval_arg(p)
-    p.set_defaults(func=_cmd_convert)
+    _add_copy_args(p)
+    return p
 
 
-def _add_verify_args(sub) -> None:
-    p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin, .ds, OLMo .npy) and cache directories for "
+def _add_verify_args(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("verify", help="check datasets (.bin/.idx, .pbin, .ds, OLMo .npy, Megatron-Bridge packed SFT "
+                                      ".parquet/.npy) and cache directories for "
                                       "consistency; exit 0 only if all hold; under mpiexec/srun the ranks share the "
                                       "datasets and entries and each checks a slice of every blend")
-    p.add_argument("paths", nargs="+", metavar="PREFIX|FILE.pbin|FILE.ds|FILE.npy|CACHE_DIR",
-                   help="a dataset prefix (or its .idx/.bin), a .pbin, .ds or OLMo .npy file, or a cache directory")
+    _add_paths_args(p, "PREFIX|FILE|CACHE_DIR")
     p.add_argument("--vocab-size", type=positive,
                    help="the tokenizer's vocabulary size (as tokenize's and build's --vocab-size, Megatron's): "
                         "here, also check that every token id is below it (and an OLMo file's width without "
                         "--dtype, by OLMo's rule)")
-    p.add_argument("--eos-id", type=int, help=_OLMO_EOS_HELP)
-    p.add_argument("--dtype", choices=["uint16", "uint32"], help=_OLMO_DTYPE_HELP)
-    _add_version_arg(p)
     _add_progress_interval_arg(p)
-    p.set_defaults(func=_cmd_verify)
+    return p
 
 
-def _add_inspect_args(sub) -> None:
-    p = sub.add_parser("inspect", help="summarize dataset prefixes or cache directories; exit 2 on an "
-                                       "incomplete or altered cache entry")
-    p.add_argument("paths", nargs="+", metavar="PATH",
-                   help="a dataset prefix (or its .idx/.bin), a .pbin, .ds or OLMo .npy file, or a cache directory")
-    p.add_argument("--eos-id", type=int, help=_OLMO_EOS_HELP)
-    p.add_argument("--dtype", choices=["uint16", "uint32"], help=_OLMO_DTYPE_HELP)
+def _add_inspect_args(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("inspect", help="summarize dataset prefixes, dataset files or cache directories; "
+                                       "exit 2 on an incomplete or altered cache entry or a damaged file")
+    _add_paths_args(p, "PATH")
+    return p
+
+
+def _add_paths_args(p: argparse.ArgumentParser, metavar: str) -> None:
+    """The datasets and cache directories verify and inspect read, and how to read them."""
+    p.add_argument("paths", nargs="+", metavar=metavar,
+                   help="a dataset prefix (or its .idx/.bin), local or in a bucket (s3://BUCKET/KEY, "
+                        "msc://PROFILE/PATH: the .idx read once, the .bin by ranged reads), a .pbin, .ds or OLMo .npy "
+                        "file, a Megatron-Bridge packed SFT file (.parquet, .pq, or an .npy of pickled rows, read "
+                        "without unpickling), or a cache directory")
+    p.add_argument("--eos-id", type=int, help="an OLMo token file's EOS id (OLMo-core's eos_token_id), which ends "
+                                               "each of its documents")
+    p.add_argument("--dtype", choices=["uint16", "uint32"],
+                   help="an OLMo token file's width (OLMo-core's dtype), which the file does not record")
     _add_version_arg(p)
-    p.set_defaults(func=_cmd_inspect)
 
 
-def _add_clean_args(sub) -> None:
+def _add_clean_args(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("clean", help="remove what interrupted or failed jobs left in a directory: temporary files, "
                                      "tokenize's finished work units (a rerun would resume from them), the records "
                                      "of jobs that did not finish; refused while a job runs there")
     p.add_argument("directories", nargs="+", metavar="DIR", type=nonempty,
                    help="a cache directory, or the directory of an output prefix")
-    p.set_defaults(func=_cmd_clean)
+    return p
 
 
-def _add_sample_corpus_args(sub) -> None:
+def _add_sample_corpus_args(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("sample-corpus", help="write the bundled synthetic sample corpus (jsonl)")
     p.add_argument("--output-dir", required=True, type=nonempty, help="writes shard_0.jsonl, shard_1.jsonl, ... here")
     p.add_argument("--files", type=positive, default=4, help="files to write")
     p.add_argument("--documents", type=positive, default=2000, help="documents per file")
     p.add_argument("--seed", type=count, default=0,
                    help="seeds the synthetic text (not build's --seed, which is training's)")
-    p.set_defaults(func=_cmd_sample_corpus)
+    return p
 
 
-def _add_kernels_args(sub) -> None:
+def _add_kernels_args(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("kernels", help="compile megacache's kernels for this machine's CPU, once, so that builds start "
                                        "without numba's JIT (needs a C compiler); into $MEGACACHE_KERNEL_DIR, by default "
                                        "$XDG_CACHE_HOME/megacache/kernels, where builds look for them")
-    p.set_defaults(func=_cmd_kernels)
+    return p
 
 
 def _version() -> str:

@@ -1,6 +1,7 @@
 """A ``torch.utils.data.Dataset`` over an opened cache split, for plain PyTorch loops and
 ``DistributedSampler``: item ``k`` is sample ``k`` as an int64 tensor of ``seq_length + 1`` tokens
-(inputs are ``[:-1]``, labels ``[1:]``, as in Megatron with the extra token)."""
+(inputs are ``[:-1]``, labels ``[1:]``, as in Megatron with the extra token). A dataset in a bucket
+is read by ranged requests, each DataLoader worker with its own client."""
 
 from __future__ import annotations
 

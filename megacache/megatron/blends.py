@@ -15,13 +15,14 @@ that are zero, negative or not finite, duplicate prefixes and too many datasets.
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from dataclasses import dataclass
 
 from ..algorithms.blend_sizes import MAX_DATASETS
 from ..errors import MegacacheError
+from ..formats.paths import is_file
+from ..runtime.fsio import read_mapping
+from ..runtime.object_storage import shown
 from .cache import SPLIT_NAMES
 
 
@@ -113,15 +114,7 @@ def read_data_args(path: str) -> Blend:
 def read_per_split_data_args(path: str) -> list[Blend | None]:
     """``--per-split-data-args-path``: JSON with "train", "valid" and "test", each a list of words
     or one string of them (Megatron requires all three keys)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            spec = json.load(f)
-    except OSError as exc:
-        raise MegacacheError(f"--per-split-data-args-path {path}: cannot read it ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise MegacacheError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
-    if not isinstance(spec, dict):
-        raise MegacacheError(f"{path}: expected a JSON object with keys train, valid, test")
+    spec = read_mapping(path, "--per-split-data-args-path", "expected a JSON object with keys train, valid, test")
     blends: list[Blend | None] = []
     for name in SPLIT_NAMES:
         if name not in spec:
@@ -167,12 +160,12 @@ def check_prefixes_exist(prefixes) -> None:
     prefixes lack theirs."""
     # A message for a dataset that is not there, before any work: the datasets are only read, so
     # one removed after this is an error when it is opened, never a wrong output.
-    missing = [p for p in prefixes if not (os.path.isfile(p + ".idx") and os.path.isfile(p + ".bin"))]
+    missing = [p for p in prefixes if not (is_file(p + ".idx") and is_file(p + ".bin"))]
     if missing:
         first = missing[0]
-        message = (f"{first}.idx: index file not found" if not os.path.isfile(first + ".idx") else
-                   f"{first}.bin: token file not found (its index {first}.idx exists)")
+        message = (f"{shown(first + '.idx')}: index file not found" if not is_file(first + ".idx") else
+                   f"{shown(first + '.bin')}: token file not found (its index {first}.idx exists)")
         if len(missing) > 1:
-            shown = ", ".join(missing[1:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
-            message += f"; {len(missing) - 1} more dataset prefix(es) lack their .idx or .bin: {shown}"
+            listed = ", ".join(missing[1:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            message += f"; {len(missing) - 1} more dataset prefix(es) lack their .idx or .bin: {listed}"
         raise MegacacheError(message + " (give each prefix as training gets it: the path without .idx/.bin)")

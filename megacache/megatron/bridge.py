@@ -24,8 +24,11 @@ container. What decides the cache names, and where megacache reads it:
 
   - train: ``train.train_samples`` when given, else ``train.train_iters`` x B. Exactly one of them
     (``train.num_epochs`` is for SFT datasets only); ``train_samples`` > 0 sets
-    ``train_iters = train_samples // B``. A container Bridge already validated (its saved YAML) holds
-    both, the iterations derived: that is accepted.
+    ``train_iters = train_samples // B``. The container Bridge saves after validating a
+    ``train_samples`` run holds both, the iterations derived, and Bridge refuses it when run again:
+    so does megacache. The scheduler's fields must be those of the same mode (``lr_decay_iters``,
+    ``lr_warmup_iters``, ``max_steps`` with iterations; ``lr_decay_samples``, ``lr_warmup_samples``
+    with samples), as Bridge asserts.
   - E = ``validation.eval_global_batch_size``, else B; I = ``validation.eval_iters`` (default 100);
     the deprecated ``train.eval_iters`` / ``train.eval_interval`` / ``train.skip_train`` override
     their ``validation`` namesakes when not null.
@@ -65,6 +68,7 @@ from dataclasses import dataclass
 
 from ..algorithms.blend_sizes import DEFAULT_SURPLUS
 from ..errors import MegacacheError
+from ..runtime.fsio import read_mapping
 from .blends import Blend, parse_blend
 from .tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
 from .versions import NEWEST, SUPPORTED, at_least, resolve
@@ -107,6 +111,7 @@ class BridgeData:
     drop_last_partial_validation: bool
     surplus: float
     sequences_path: str | None          # dataset.per_dataset_sequences_path (None: megacache's default)
+    field_names: dict                   # the fields seq_length and seed came from (``BuildConfig`` checks them)
 
     def build_fields(self) -> dict:
         """Keyword arguments of ``megacache.builders.build.BuildConfig``."""
@@ -114,7 +119,8 @@ class BridgeData:
                       megatron_version=self.megatron_version, blend=self.blend,
                       blend_per_split=self.blend_per_split, split=self.split, seed=self.seed,
                       cache_dir=self.cache_dir, add_extra_token=self.add_extra_token,
-                      drop_last_partial_validation=self.drop_last_partial_validation, surplus=self.surplus)
+                      drop_last_partial_validation=self.drop_last_partial_validation, surplus=self.surplus,
+                      field_names=self.field_names)
         if self.sequences_path is not None:
             fields["sequences_path"] = self.sequences_path
         return fields
@@ -183,19 +189,8 @@ class _Section:
 
 def load_yaml(path: str) -> dict:
     """A ConfigContainer as Bridge writes it to YAML (``to_yaml``), as a mapping."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as exc:
-        raise MegacacheError(f"{path}: cannot read the Bridge configuration ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise MegacacheError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(data, dict):
-        raise MegacacheError(f"{path}: expected a Bridge ConfigContainer (a YAML mapping with dataset, train, "
-                             f"validation and tokenizer sections)")
-    return data
+    return read_mapping(path, "the Bridge configuration", "expected a Bridge ConfigContainer (a mapping with dataset, "
+                        "train, validation and tokenizer sections)", "YAML")
 
 
 def read_config(source, megatron_version: str | None = None) -> BridgeData:
@@ -206,11 +201,13 @@ def read_config(source, megatron_version: str | None = None) -> BridgeData:
     if isinstance(source, (str, os.PathLike)):
         where = os.fspath(source)
         try:
-            return _read(_Section(load_yaml(where), ""), megatron_version)
+            data = _read(_Section(load_yaml(where), ""), megatron_version)
         except MegacacheError as exc:
             if str(exc).startswith(where):
                 raise
             raise MegacacheError(f"{where}: {exc}") from None
+        data.field_names = {name: f"{where}: {field}" for name, field in data.field_names.items()}
+        return data
     return _read(_Section(source, ""), megatron_version)
 
 
@@ -225,7 +222,7 @@ def _read(root: _Section, megatron_version: str | None) -> BridgeData:
     dataset = root.section("dataset")
     _check_dataset_class(dataset)
     data = _data(dataset)
-    seq_length = _seq_length(dataset, root.section("model", required=False))
+    seq_length, seq_length_field = _seq_length(dataset, root.section("model", required=False))
     train = root.section("train")
     sizes = split_sizes(train, root.section("validation", required=False))
     _check_schedule(train, root.section("scheduler", required=False))
@@ -238,10 +235,11 @@ def _read(root: _Section, megatron_version: str | None) -> BridgeData:
         raise MegacacheError(f"{dataset.field('per_dataset_sequences_path')}: expected a path, got {sequences_path!r}")
     return BridgeData(
         seq_length=seq_length, sizes=sizes, tokenizer=ids, tokenizer_flags=flags, megatron_version=version,
-        seed=dataset.integer("random_seed", minimum=0), cache_dir=_cache_dir(dataset),
+        seed=dataset.get("random_seed"), cache_dir=_cache_dir(dataset),
         add_extra_token=dataset.boolean("add_extra_token_to_sequence", True),
         drop_last_partial_validation=dataset.boolean("drop_last_partial_validation_sequence", True),
-        surplus=float(surplus), sequences_path=sequences_path, **data)
+        surplus=float(surplus), sequences_path=sequences_path,
+        field_names={"seq_length": seq_length_field, "seed": dataset.field("random_seed")}, **data)
 
 
 def _check_dataset_class(dataset: _Section) -> None:
@@ -342,16 +340,17 @@ def _data(dataset: _Section) -> dict:
     return dict(blend=blend, blend_per_split=None, split=split)
 
 
-def _seq_length(dataset: _Section, model: _Section | None) -> int:
+def _seq_length(dataset: _Section, model: _Section | None) -> tuple:
+    """The dataset's sequence length (checked by ``BuildConfig``) and the field it came from."""
     name = "seq_length" if dataset.get("seq_length") is not None else "sequence_length"
-    if dataset.get(name) is None:
+    seq_length = dataset.get(name)
+    if seq_length is None:
         raise MegacacheError(f"{dataset.field('seq_length')}: missing")
-    seq_length = dataset.integer(name, minimum=1)
     model_length = model.get("seq_length") if model is not None else None
     if model_length is not None and model_length != seq_length:
         raise MegacacheError(f"{model.field('seq_length')} ({model_length}) and {dataset.field(name)} ({seq_length}) "
                              f"differ; Bridge asserts they match")
-    return seq_length
+    return seq_length, dataset.field(name)
 
 
 def _cache_dir(dataset: _Section) -> str | None:
@@ -389,10 +388,11 @@ def split_sizes(train: _Section, validation: _Section | None) -> tuple[int, int,
         if train.get("rampup_batch_size") is not None:
             raise MegacacheError(f"{train.field('rampup_batch_size')}: Bridge does not ramp the batch size up with "
                                  f"train_samples (it asserts)")
-        if iters is not None and iters != samples // gbs:
-            raise MegacacheError(f"give one of {train.field('train_iters')} and {train.field('train_samples')} "
-                                 f"(Bridge asserts; a container it validated holds train_samples // "
-                                 f"global_batch_size = {samples // gbs} iterations, not {iters})")
+        if iters is not None:
+            raise MegacacheError(f"give one of {train.field('train_iters')} and {train.field('train_samples')}: "
+                                 f"Bridge asserts 'Cannot specify more than one of train_iters, train_samples, or "
+                                 f"num_epochs' (the configuration Bridge saves after validating a train_samples run "
+                                 f"holds both, the iterations derived; leave train_iters out)")
         iters = samples // gbs
     elif iters < 0:
         raise MegacacheError(f"{train.field('train_iters')} must not be negative, got {iters}")
@@ -434,11 +434,33 @@ def split_sizes(train: _Section, validation: _Section | None) -> tuple[int, int,
 
 
 def _check_schedule(train: _Section, scheduler: _Section | None) -> None:
-    """What Bridge's validation refuses of the learning-rate schedule's length, which the training
-    length decides unless the scheduler gives its own: a decay of no steps (e.g. ``train_iters: 0``),
-    ``scheduler.max_steps`` below ``train_iters``."""
+    """What Bridge's validation refuses of the learning-rate schedule: scheduler fields in two units,
+    or in the other unit than the training's, a decay of no steps (e.g. ``train_iters: 0``), ``scheduler.max_steps``
+    below ``train_iters``."""
     get = (lambda name: None) if scheduler is None else scheduler.get  # noqa: E731
     samples, iters, gbs = train.get("train_samples"), train.get("train_iters"), train.get("global_batch_size")
+    if get("max_steps") is not None and get("max_steps") <= 0:
+        raise MegacacheError(f"scheduler.max_steps must be positive, got {get('max_steps')} (Bridge raises)")
+    # the scheduler's own check: its fields in one unit only (the warmups default to 0)
+    given = {unit: [f"{name}={get(name)}" for name in (f"lr_decay_{unit}", f"lr_warmup_{unit}", f"lr_wsd_decay_{unit}")
+                    if get(name) not in (None, 0) or name == f"lr_decay_{unit}" and get(name) is not None]
+             for unit in ("iters", "samples")}
+    if given["iters"] and given["samples"]:
+        raise MegacacheError(f"scheduler: {', '.join(given['iters'] + given['samples'])}: Bridge asserts 'Cannot mix "
+                             f"iteration-based and sample-based scheduler fields'; keep those of one unit")
+    if get("lr_warmup_fraction") is not None and (get("lr_warmup_iters") or get("lr_warmup_samples")):
+        raise MegacacheError("scheduler.lr_warmup_fraction with lr_warmup_iters or lr_warmup_samples: Bridge asserts "
+                             "'Use either lr_warmup_fraction OR lr_warmup_iters OR lr_warmup_samples'")
+    mode, unit, nulls, zero = ("train_samples", "samples", ("max_steps", "lr_decay_iters"), "lr_warmup_iters") \
+        if samples is not None else ("train_iters", "iters", ("lr_decay_samples",), "lr_warmup_samples")
+    # Bridge asserts the scheduler counts in the training's unit (its warmups default to 0)
+    for name in nulls:
+        if get(name) is not None:
+            raise MegacacheError(f"scheduler.{name} ({get(name)}) does not go with train.{mode}: Bridge asserts the "
+                                 f"scheduler counts in {unit} then; set it null")
+    if scheduler is not None and scheduler.has(zero) and scheduler.get(zero) != 0:
+        raise MegacacheError(f"scheduler.{zero} ({scheduler.get(zero)}) does not go with train.{mode}: Bridge "
+                             f"asserts it is 0 then; use lr_warmup_{unit}")
     if samples is not None:
         decay, name = (get("lr_decay_samples"), "lr_decay_samples") if get("lr_decay_samples") is not None else \
             (samples, "train_samples")

@@ -32,11 +32,12 @@ def default_cache_dir(dataset_path: str) -> str:
 
 
 def gpt_identifiers(dataset_path: str, num_samples: int | None, split_name: str, random_seed: int,
-                    sequence_length: int, split: str, split_matrix: list, tokenizer: dict) -> dict:
-    """GPTDataset's ``unique_identifiers``, keys in Megatron's order."""
+                    seq_length: int, split: str, split_matrix: list, tokenizer: dict) -> dict:
+    """GPTDataset's ``unique_identifiers``, keys in Megatron's order (Megatron names
+    ``seq_length`` "sequence_length")."""
     return {
         "class": "GPTDataset", "dataset_path": dataset_path, "num_samples": num_samples,
-        "index_split": split_name, "random_seed": random_seed, "sequence_length": sequence_length,
+        "index_split": split_name, "random_seed": random_seed, "sequence_length": seq_length,
         "split": split, "split_matrix": split_matrix, "tokenizer": tokenizer,
     }
 

@@ -5,7 +5,7 @@ nothing in the caches); a flag that version does not know is an error, as it is 
 Or Megatron's experimental ``--yaml-cfg FILE``, which replaces the command line (``yaml_flags``).
 
 Which flags each version knows, and how many words each takes, is data recorded from that version's
-own parser (training_flags.json, by tests/support/record_training_flags.py), never typed by hand.
+own parser (training_flags.json, by tests/support/oracles/record_training_flags.py), never typed by hand.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import os
 import re
 
 from ..errors import MegacacheError
+from ..runtime.fsio import read_mapping
 from .flags import absent_from
 from .versions import SUPPORTED
 
 #: every flag of each version's training parser (and of its tools/prepare_cache.py), as
-#: tests/support/record_training_flags.py recorded them from that version's own code
+#: tests/support/oracles/record_training_flags.py recorded them from that version's own code
 TABLE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "training_flags.json")
 
 #: flags of the training command that change what training reads or builds in ways megacache does
@@ -165,18 +166,7 @@ def yaml_flags(path: str, version: str, wanted, world_size: int | None = None) -
     tensor, pipeline and context parallel sizes come from ``model_parallel`` (1 where absent), the
     first two clamped to ``world_size`` as validate_yaml does; the number of weight shards is not
     read. Refused flags (``REFUSED``) set true are refused."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = yaml.safe_load(f)
-    except OSError as exc:
-        raise MegacacheError(f"--yaml-cfg {path}: cannot read it ({exc.strerror})") from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise MegacacheError(f"--yaml-cfg {path}: not YAML ({' '.join(str(exc).split())})") from None
-    if not isinstance(config, dict):
-        raise MegacacheError(f"--yaml-cfg {path}: a mapping of Megatron-LM's argument names to values is expected, "
-                             f"got {type(config).__name__}")
+    config = read_mapping(path, "--yaml-cfg", "a mapping of Megatron-LM's argument names to values is expected", "YAML")
     known = destinations(version)
     flags, warnings = {}, []
     for key, value in config.items():

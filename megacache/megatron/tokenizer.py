@@ -332,6 +332,23 @@ def _legacy(args: dict) -> dict:
 # From identity back to flags
 
 
+def check_identity(ids) -> None:
+    """Refuse a tokenizer identity no Megatron tokenizer has: its keys are strings and its values
+    strings (each option as ``str()`` writes it), None, or a list of paths. The cache name hashes the
+    values as they are, so ``1000`` where Megatron has ``"1000"`` would name caches Megatron never finds."""
+    if not isinstance(ids, dict):
+        raise MegacacheError(f"the tokenizer identity must be a dict of Megatron's unique_identifiers, not "
+                             f"{type(ids).__name__}")
+    for key, value in ids.items():
+        if isinstance(key, str) and (value is None or isinstance(value, str) or (
+                isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value))):
+            continue
+        raise MegacacheError(f"the tokenizer identity's {key!r} is {value!r} ({type(value).__name__}): Megatron's "
+                             f"unique_identifiers hold strings (each option as str() writes it), None or a list of "
+                             f"paths, and the cache name hashes them as they are; give {str(value)!r}, or the "
+                             f"tokenizer flags instead of the identity")
+
+
 def tokenizer_flags(ids: dict, version: str) -> str | None:
     """The Megatron-LM ``version`` flags whose tokenizer has these identifiers, as command-line text
     (a metadata file, which only names the class, is shown as ``--tokenizer-metadata FILE``); None when
@@ -380,7 +397,7 @@ def _candidate_flags(ids: dict, version: str) -> dict | None:
 
     def number(key):
         text = value(key)
-        return int(text) if text is not None and text.lstrip("-").isdigit() else None
+        return int(text) if isinstance(text, str) and text.lstrip("-").isdigit() else None
 
     path, cls = ids.get("tokenizer_path"), str(ids.get("class", ""))
     if cls.startswith("_") or cls == "CustomTikTokenizer":  # 0.16's legacy system

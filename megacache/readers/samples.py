@@ -2,7 +2,7 @@
 §4.3), from memory maps, in O(1) per sample (plus the documents a sample spans).
 
 ``GPTSamples[k]`` is the raw token window of ``GPTDataset._query_document_sample_shuffle_indices(k)``:
-``sequence_length + add_extra_token`` int64 tokens across document boundaries, the last partial
+``seq_length + add_extra_token`` int64 tokens across document boundaries, the last partial
 sample padded with the pad id; ``document_ids(k)`` the documents it reads. ``BlendedSamples[k]`` is
 ``GPTSamples[dataset_sample_index[k]]`` of dataset ``dataset_index[k]``.
 """
@@ -25,7 +25,7 @@ class GPTSamples:
     def __init__(self, dataset: IndexedDataset, entry: CacheEntry, add_extra_token: bool = True,
                  pad_id: int = NO_PAD):
         self.dataset, self.entry = dataset, entry
-        self.sequence_length = int(entry.identifiers["sequence_length"])
+        self.seq_length = int(entry.identifiers["sequence_length"])
         self.add_extra_token = int(add_extra_token)
         self.pad_id = pad_id
         self.document_index = load_npy(entry.path("document_index.npy"))
@@ -53,7 +53,7 @@ class GPTSamples:
             pieces = [self.dataset.get(int(docs[0]), o0)]
             pieces += [self.dataset.get(int(d)) for d in docs[1:-1]]
             pieces.append(self.dataset.get(int(docs[-1]), 0, o1 + x))
-        tokens = np.full(self.sequence_length + x, self.pad_id, dtype=np.int64)
+        tokens = np.full(self.seq_length + x, self.pad_id, dtype=np.int64)
         text = np.concatenate(pieces) if len(pieces) > 1 else pieces[0]
         tokens[: len(text)] = text
         return tokens, docs.astype(np.int64)

@@ -33,8 +33,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from ..errors import JobFailed, MegacacheError
-from .fsio import (STATE_DIR, TMP_MARK, WORK_MARK, gone, make_directories, names, remove_quietly, remove_tree,
-                   write_json_atomic)
+from .fsio import (PROGRESS_MARK, STATE_DIR, TMP_MARK, WORK_MARK, gone, make_directories, names, remove_quietly,
+                   remove_tree, write_json_atomic)
 from . import preemption
 from .environment import heartbeat_s, stale_s
 from .log import LOG, byte_amount
@@ -448,8 +448,9 @@ def post_mortem(directory: str, key: str, own_job: str, temporaries: tuple[str, 
 
 def clean(directory: str) -> Leftovers:
     """Remove what megacache jobs that are no longer running left in ``directory`` (temporaries,
-    work directories, records), holding the lock of every job that has one there, and say what
-    went. A live job's lock: an error naming it, and nothing removed."""
+    work directories, records, the progress of jobs without a lock left alone for ``stale_s``),
+    holding the lock of every job that has one there, and say what went. A live job's lock: an
+    error naming it, and nothing removed."""
     state = state_dir(directory)
     keys = sorted({n[:-len(".lock")] for n in names(state) if n.endswith(".lock")}
                   | {n.split(".job-")[0] for n in names(state) if ".job-" in n})
@@ -477,6 +478,16 @@ def clean(directory: str) -> Leftovers:
                 removed.work += 1
                 removed.work_bytes += _bytes_under(e)
                 remove_tree(e.path, job)
+        for e in _entries(state):  # the progress of jobs that hold no lock: dead once left alone
+            if e.name.startswith(PROGRESS_MARK) and e.is_dir(follow_symlinks=False):
+                idle = time.time() - e.stat(follow_symlinks=False).st_mtime
+                if idle > stale_s():
+                    removed.records += 1
+                    remove_tree(e.path, job)
+                else:
+                    removed.reports.append(f"kept {STATE_DIR}/{e.name}: a verify or convert that may still be running "
+                                           f"updated it {idle:.0f} s ago; clean removes it once it is {stale_s():.0f} "
+                                           f"s old")
         return removed
     finally:
         for lock in locks:

@@ -17,6 +17,8 @@ VARIABLES = {
     "MEGACACHE_HEARTBEAT_S": "seconds between a job's heartbeats on the shared filesystem (default 5)",
     "MEGACACHE_STALE_S": "seconds without a heartbeat before a lock holder or a rank on another machine "
                          "counts as dead (default 120)",
+    "MEGACACHE_UPLOAD_PART_BYTES": "bytes a part of a dataset uploaded to s3:// in parts holds at least "
+                                   "(default 64 MiB; S3 refuses parts under 5 MiB)",
 }
 
 
@@ -43,6 +45,18 @@ def heartbeat_s() -> float:
 def stale_s() -> float:
     """How long without a heartbeat before a holder or rank on another machine counts as dead."""
     return _seconds("MEGACACHE_STALE_S", 120.0)
+
+
+def upload_part_bytes() -> int:
+    """The least size of a part of a multipart upload but the last."""
+    value = os.environ.get("MEGACACHE_UPLOAD_PART_BYTES", str(64 << 20))
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise MegacacheError(f"$MEGACACHE_UPLOAD_PART_BYTES={value!r}: expected a positive number of bytes")
+    return size
 
 
 def _seconds(name: str, default: float) -> float:

@@ -33,6 +33,9 @@ WORK_MARK = ".megacache-work"
 GONE = (errno.ENOENT, errno.ESTALE)
 #: the hidden directory megacache keeps beside its outputs (locks, rank records, the manifest)
 STATE_DIR = ".megacache"
+#: the start of the name of a job's progress directory in a state directory, for a job that holds
+#: no lock (verify, convert); rank 0 touches it at each progress line
+PROGRESS_MARK = "progress-"
 
 try:
     _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -125,14 +128,14 @@ def _spans(views: list[memoryview], a: int, b: int):
         base += len(view)
 
 
-def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: int) -> None:
-    """Write ``pieces`` (bytes or C-contiguous arrays) end to end from ``offset``, the whole aligned
+def pwrite_mostly_direct(fd: int, direct_fd: int | None, buffers: list, offset: int) -> None:
+    """Write ``buffers`` (bytes or C-contiguous arrays) end to end from ``offset``, the whole aligned
     blocks inside the range through ``direct_fd`` (O_DIRECT, staged in an aligned buffer). A
     buffered write costs a kernel copy into freshly allocated page-cache pages, several times a
     direct write's cost: the largest CPU cost of writing a cache. The partial blocks at either
     end stay buffered, so writers of adjacent ranges (other ranks) never overlap a direct write.
     Durability is still the caller's fsync."""
-    views = [_bytes(p) for p in pieces]
+    views = [_bytes(p) for p in buffers]
     start, end = offset, offset + sum(map(len, views))
     first = min(-(-start // DIRECT_ALIGN) * DIRECT_ALIGN, end)
     last = max(end // DIRECT_ALIGN * DIRECT_ALIGN, first)
@@ -164,20 +167,20 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, pieces: list, offset: i
     buffered(position, end)
 
 
-def write_new_file(path: str, pieces: list) -> None:
-    """Create (or truncate) ``path`` holding the concatenation of ``pieces`` (bytes or C-contiguous
+def write_new_file(path: str, buffers: list) -> None:
+    """Create (or truncate) ``path`` holding the concatenation of ``buffers`` (bytes or C-contiguous
     arrays), mostly through O_DIRECT (``pwrite_mostly_direct``)."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
-        _write_whole(fd, path, pieces)
+        _write_whole(fd, path, buffers)
     finally:
         os.close(fd)
 
 
-def _write_whole(fd: int, path: str, pieces: list) -> None:
-    """``pieces`` end to end from the start of the empty file ``fd``, which ``path`` opens again for
+def _write_whole(fd: int, path: str, buffers: list) -> None:
+    """``buffers`` end to end from the start of the empty file ``fd``, which ``path`` opens again for
     O_DIRECT."""
-    views = [_bytes(p) for p in pieces]
+    views = [_bytes(p) for p in buffers]
     direct_fd = open_direct(path) if sum(map(len, views)) >= DIRECT_MIN else None
     try:
         pwrite_mostly_direct(fd, direct_fd, views, 0)
@@ -379,16 +382,16 @@ class Staging:
             self._named[final] = tmp
         return tmp
 
-    def write(self, final: str, pieces: list) -> None:
+    def write(self, final: str, buffers: list) -> None:
         """``final``'s whole content (bytes or C-contiguous arrays end to end), held until
         ``publish``. Safe from several threads."""
         fd = self._take_unnamed(os.path.dirname(final) or ".")
         with writing(final):
             if fd is None:
-                write_new_file(self.path(final), pieces)
+                write_new_file(self.path(final), buffers)
                 return
             try:
-                _write_whole(fd, f"{_PROC_FD}{fd}", pieces)
+                _write_whole(fd, f"{_PROC_FD}{fd}", buffers)
             except BaseException:
                 os.close(fd)
                 with self._lock:
@@ -471,6 +474,36 @@ def write_json_atomic(path: str, obj: Any, durable: bool = True) -> None:
 def read_json(path: str) -> Any:
     with open(path, "rb") as f:
         return json.loads(f.read())
+
+
+def read_mapping(path: str, what: str, expected: str, language: str = "JSON") -> dict:
+    """The one mapping a configuration file written in ``language`` (JSON or YAML) holds; else an
+    error naming ``what`` (a flag, or the kind of file) and ``path``; ``expected`` says what the
+    mapping should be ("expected a JSON object with keys ...")."""
+    where = f"{what} {path}"
+    invalid = "not YAML" if language == "YAML" else "not valid JSON"
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise MegacacheError(f"{where}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise MegacacheError(f"{where}: {invalid} ({exc})") from None
+    if language == "YAML":
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise MegacacheError(f"{where}: {invalid} ({' '.join(str(exc).split())})") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise MegacacheError(f"{where}: line {exc.lineno}: {invalid} ({exc.msg})") from None
+    if not isinstance(data, dict):
+        raise MegacacheError(f"{where}: {expected}, got {type(data).__name__}")
+    return data
 
 
 def remove_tree(path: str, tag: str) -> None:

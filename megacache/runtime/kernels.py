@@ -42,9 +42,12 @@ from ..errors import MegacacheError
 MODULES = (
     "megacache.algorithms.blend_kernels",
     "megacache.algorithms.gpt_index",
+    "megacache.algorithms.packing",
     "megacache.algorithms.permutation",
     "megacache.algorithms.verification",
     "megacache.formats.pickled_pairs",
+    "megacache.formats.sft_packed",
+    "megacache.runtime.file_states",
 )
 _PREFIX = "megacache_kernels_"
 

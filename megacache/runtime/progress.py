@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable, TextIO
 
 from .comm import Comm, SingleComm
-from .fsio import STATE_DIR, remove_quietly, write_atomic
+from .fsio import PROGRESS_MARK, STATE_DIR, remove_quietly, write_atomic
 from .log import byte_amount
 
 _WRITE_EVERY_S = 1.0
@@ -104,16 +104,17 @@ class Progress:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def beside(cls, comm: Comm, directory: str, label: str, interval_s: float | None = None) -> "Progress":
+    def beside(cls, comm: Comm, directory: str | None, label: str, interval_s: float | None = None) -> "Progress":
         """The progress of a job that holds no lock (and so has no job directory): its files in a
         directory of its own in the state directory of ``directory`` (an existing one), made by
         rank 0 and removed at the end. None is needed with one rank; where none can be made (a
-        read-only filesystem), rank 0 shows its own counts until the last line."""
+        read-only filesystem, or ``directory`` None), rank 0 shows its own counts until the last
+        line."""
         path = None
-        if comm.size > 1 and interval_s != 0:
+        if comm.size > 1 and interval_s != 0 and directory is not None:
             tag = comm.bcast(uuid.uuid4().hex[:12] if comm.rank == 0 else None)
             state = os.path.join(directory, STATE_DIR)
-            path = os.path.join(state, f"progress-{tag}")
+            path = os.path.join(state, PROGRESS_MARK + tag)
 
             def make() -> bool:
                 try:
@@ -267,6 +268,8 @@ class Progress:
         if self.comm.rank == 0:
             try:
                 while not self._stop.wait(self.interval_s):
+                    if self.owned:
+                        self._touch()
                     self._show(False, self._totals())
             except OSError:  # stderr's reader is gone: nothing more to show
                 pass
@@ -274,6 +277,14 @@ class Progress:
             while not self._stop.wait(_WRITE_EVERY_S):
                 if self._changed:
                     self._write()
+
+    def _touch(self) -> None:
+        """Show the directory as a live job's: ``megacache clean`` removes only those left alone
+        longer than a dead job's heartbeat (``stale_s``)."""
+        try:
+            os.utime(self.directory)
+        except OSError:  # removed meanwhile: the other ranks' counts go unseen
+            pass
 
     def __enter__(self) -> "Progress":
         self._start = time.monotonic()

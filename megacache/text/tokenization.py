@@ -171,6 +171,7 @@ class BackendTokenizer(Tokenizer):
                 self.name += f", EOD {found!r}"
         # transformers runs exactly this backend for `tokenize`/`__call__`, after switching off its
         # truncation and padding and setting how literal special tokens are treated.
+        self.hf = hf_tokenizer  # its chat template and special tokens (SFT examples)
         self._backend = hf_tokenizer.backend_tokenizer
         self._backend.no_truncation()
         self._backend.no_padding()
@@ -485,43 +486,44 @@ def _from_megatron_flags(
 
 
 def _huggingface(path, include_special_tokens, special_tokens) -> Tokenizer:
-    transformers = _import_transformers()
-    try:
+    def make(transformers):
         if os.path.isfile(path):
             # What AutoTokenizer builds from a lone tokenizer.json: the generic class, no config. (It
             # first checks the path as a hub repo id, which fails for absolute paths and offline.)
-            hf = transformers.TokenizersBackend(tokenizer_file=path)
-        else:
-            hf = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
-    except Exception as exc:  # transformers raises many types for unreadable or custom-code tokenizers
-        raise MegacacheError(f"cannot load the Hugging Face tokenizer {path}: {exc}") from exc
-    _megatron_special_tokens(hf, special_tokens)
-    return _backend_tokenizer(hf, f"Hugging Face tokenizer ({path})", include_special_tokens)
+            return transformers.TokenizersBackend(tokenizer_file=path)
+        return transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+
+    return _from_transformers(make, f"Hugging Face tokenizer {path}", special_tokens,
+                              f"Hugging Face tokenizer ({path})", include_special_tokens)
 
 
 def _gpt2(vocab, merges, include_special_tokens, special_tokens) -> Tokenizer:
     # Megatron's GPT2BPETokenizer is transformers' GPT2Tokenizer as configured for the hub's "gpt2".
-    transformers = _import_transformers()
-    try:
-        hf = transformers.GPT2Tokenizer(vocab=vocab, merges=merges)
-    except Exception as exc:  # malformed json or merges lines surface as assorted exceptions
-        raise MegacacheError(f"cannot load the GPT-2 BPE files {vocab} + {merges}: {exc}") from exc
-    _megatron_special_tokens(hf, special_tokens)
-    return _backend_tokenizer(hf, f"GPT-2 BPE ({vocab} + {merges})", include_special_tokens)
+    return _from_transformers(lambda transformers: transformers.GPT2Tokenizer(vocab=vocab, merges=merges),
+                              f"GPT-2 BPE files {vocab} + {merges}", special_tokens,
+                              f"GPT-2 BPE ({vocab} + {merges})", include_special_tokens)
 
 
 def _bert(vocab, cased, include_special_tokens, special_tokens) -> Tokenizer:
     # Megatron's BertWordPiece* are transformers' BertTokenizer as configured for the hub's
     # bert-large-cased / bert-large-uncased; the cased one always gets the <extra_id_N> tokens and
     # ignores --tokenizer-special-tokens.
+    kind = "cased" if cased else "lower-case"
+    return _from_transformers(lambda transformers: transformers.BertTokenizer(vocab=vocab, do_lower_case=not cased),
+                              f"BERT vocabulary {vocab}", list(BERT_CASED_EXTRA_TOKENS) if cased else special_tokens,
+                              f"BERT WordPiece {kind} ({vocab})", include_special_tokens)
+
+
+def _from_transformers(make, files: str, special_tokens, description: str, include_special_tokens) -> Tokenizer:
+    """The transformers tokenizer ``make(transformers)`` returns, with megatron-core's special tokens,
+    as megacache's ``Tokenizer``; ``files`` says what it is read from when it cannot be."""
     transformers = _import_transformers()
     try:
-        hf = transformers.BertTokenizer(vocab=vocab, do_lower_case=not cased)
-    except Exception as exc:
-        raise MegacacheError(f"cannot load the BERT vocabulary {vocab}: {exc}") from exc
-    _megatron_special_tokens(hf, list(BERT_CASED_EXTRA_TOKENS) if cased else special_tokens)
-    kind = "cased" if cased else "lower-case"
-    return _backend_tokenizer(hf, f"BERT WordPiece {kind} ({vocab})", include_special_tokens)
+        hf = make(transformers)
+    except Exception as exc:  # transformers raises many types for unreadable files or custom-code tokenizers
+        raise MegacacheError(f"cannot load the {files}: {exc}") from exc
+    _megatron_special_tokens(hf, special_tokens)
+    return _backend_tokenizer(hf, description, include_special_tokens)
 
 
 def _megatron_special_tokens(hf, additional) -> None:
