@@ -280,6 +280,27 @@ def _global_id(data, module, module_length, name, name_length):
     return np.int64(-1)
 
 
+@kernel(inline=True)
+def _items(single, count, kind, stack, depth, floor, marks, nmarks):
+    """Where the items an APPEND or SETITEM (``single``: its ``count`` values on top) or an APPENDS
+    or SETITEMS (the values above the last mark) adds start, the container of ``kind`` just below
+    them: (status, first item, marks left)."""
+    if single:
+        if depth - floor < count:
+            return _TOO_FEW, 0, nmarks
+        first = depth - count
+        bottom = floor
+    else:
+        if nmarks == 0:
+            return _NEEDS_MARK, 0, nmarks
+        nmarks -= 1
+        first = marks[nmarks]
+        bottom = marks[nmarks - 1] if nmarks else 0
+    if first <= bottom or stack[first - 1, 0] != kind:
+        return _NEEDS, 0, nmarks
+    return _OK, first, nmarks
+
+
 @kernel(*(f"{b}, int64, int64[:, ::1], int64[::1], int64[:, ::1], int8[::1], int64[::1], int64[:, ::1], "
           f"int64[:, ::1], int64[:, ::1], int64[:, ::1], int64[:, ::1], int64[::1]"
           for b in ("uint8[::1]", "readonly(uint8[::1])")))
@@ -493,21 +514,10 @@ def _walk(data, start, stack, marks, memo, kinds, values, runs, tuple_items, tup
             marks[nmarks] = depth
             nmarks += 1
         elif op == _APPEND or op == _APPENDS:
-            if op == _APPEND:
-                if depth - floor < 1:
-                    return _TOO_FEW, at, op
-                first = depth - 1
-                target = depth - 2
-                if depth - 1 <= floor or stack[target, 0] != _K_LIST:
-                    return _NEEDS, at, _K_LIST
-            else:
-                if nmarks == 0:
-                    return _NEEDS_MARK, at, op
-                nmarks -= 1
-                first = marks[nmarks]
-                target = first - 1
-                if first <= (marks[nmarks - 1] if nmarks else 0) or stack[target, 0] != _K_LIST:
-                    return _NEEDS, at, _K_LIST
+            status, first, nmarks = _items(op == _APPEND, 1, _K_LIST, stack, depth, floor, marks, nmarks)
+            if status != _OK:
+                return status, at, _K_LIST if status == _NEEDS else op
+            target = first - 1
             if nvalues + depth - first > values.shape[0]:
                 return _ROOM, at, 4
             listed = stack[target, 1]
@@ -524,19 +534,9 @@ def _walk(data, start, stack, marks, memo, kinds, values, runs, tuple_items, tup
                 runs[nruns - 1, 2] += depth - first
             depth = first
         elif op == _SETITEM or op == _SETITEMS:
-            if op == _SETITEM:
-                if depth - floor < 2:
-                    return _TOO_FEW, at, op
-                first = depth - 2
-                if depth - 2 <= floor or stack[first - 1, 0] != _K_DICT:
-                    return _NEEDS, at, _K_DICT
-            else:
-                if nmarks == 0:
-                    return _NEEDS_MARK, at, op
-                nmarks -= 1
-                first = marks[nmarks]
-                if first <= (marks[nmarks - 1] if nmarks else 0) or stack[first - 1, 0] != _K_DICT:
-                    return _NEEDS, at, _K_DICT
+            status, first, nmarks = _items(op == _SETITEM, 2, _K_DICT, stack, depth, floor, marks, nmarks)
+            if status != _OK:
+                return status, at, _K_DICT if status == _NEEDS else op
             if (depth - first) % 2:
                 return _KEY, at, op
             for k in range(first, depth, 2):

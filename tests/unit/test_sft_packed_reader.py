@@ -158,6 +158,12 @@ def test_damage_is_named_with_its_byte(tmp_path):
         "never stored": (pickled[:2] + b"h\x63" + pickled[2:], 2, "BINGET of memo entry 99, which was never stored"),
         "no mark": (pickled[:2] + b"e" + pickled[2:], 2, "an opcode that needs a MARK before it"),
         "too few": (pickled[:2] + b"R" + pickled[2:], 2, "an opcode with too few values before it"),
+        "append to nothing": (pickled[:2] + b"a" + pickled[2:], 2, "an opcode with too few values before it"),
+        "append to no list": (pickled[:2] + b"NNa" + pickled[2:], 4, "an opcode that needs a list before it"),
+        "appends at the bottom": (pickled[:2] + b"(Ne" + pickled[2:], 4, "an opcode that needs a list before it"),
+        "setitem to no dict": (pickled[:2] + b"NNNs" + pickled[2:], 5, "an opcode that needs a dict before it"),
+        "setitems to no dict": (pickled[:2] + b"N(NNu" + pickled[2:], 6, "an opcode that needs a dict before it"),
+        "a key not a string": (pickled[:2] + b"}NNs" + pickled[2:], 5, "SETITEM with a key that is not a string"),
         "not a pickle": (b"\x80\x01" + pickled[2:], 0, "PROTO: not a pickle of protocol 2 to 5"),
     }
     for name, (changed, at, message) in cases.items():
