@@ -15,7 +15,6 @@ cache files (a build returns arrays in memory).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -27,6 +26,7 @@ import pytest
 from support.inputs.corpus import free_port
 from support.oracles.environments import RELEASES, SCRIPTS, interpreter
 from support.inputs.tokenizer_files import write_tokenizer_files
+from support.sweeps import snapshot
 
 from megacache.interfaces.api import BuildConfig, build, open_cache, split_sizes
 from megacache.megatron.blends import parse_blend
@@ -45,21 +45,6 @@ VOCAB = 1000  # the oracle's null tokenizer (tests/support/oracles/megatron_core
 RANKS = 2
 SAMPLES_PER_SPLIT = 50
 INDEX_ARRAYS = ("document_index", "sample_index", "shuffle_index")
-
-
-def snapshot(directory: str) -> dict:
-    """Everything a rebuild would change: the directory's listing and mtime, and every file's inode,
-    mtime and bytes."""
-    files = {}
-    for entry in os.scandir(directory):
-        if entry.is_dir():  # megacache's state (its manifest): checked one level down
-            files[entry.name] = snapshot(entry.path)
-            continue
-        st = entry.stat()
-        with open(entry.path, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
-        files[entry.name] = (st.st_ino, st.st_mtime_ns, st.st_size, digest)
-    return {"mtime_ns": os.stat(directory).st_mtime_ns, "files": files}
 
 
 def megatron_getitem_fields(text, pad):

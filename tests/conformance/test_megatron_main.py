@@ -5,7 +5,6 @@ test_tokenizer_identity.py.)"""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -18,7 +17,8 @@ from megacache.megatron.tokenizer import TOKENIZER_FLAGS, tokenizer_identifiers
 from megacache.megatron.training import split_sizes
 from support.oracles.environments import recorded_main
 from support.oracles.record_megatron_main import (BUCKET, CACHE_CONFIGS, OBJECT_STORAGE_CONFIGS, PROFILE, SIZE_FLAGS,
-                                                  VERSION, cache_dir, cache_files, make_files, upload_datasets)
+                                                  VERSION, cache_dir, cache_files, make_files,
+                                                  megacache_build_args, upload_datasets)
 from support.sweeps import words
 from support.systems.s3server import msc_config, s3, s3_server  # noqa: F401 (fixtures)
 
@@ -81,21 +81,10 @@ def test_build_from_object_storage_equals_megatron_main_building_from_it(root, b
     c, recorded = OBJECT_STORAGE_CONFIGS[index], stored["builds"][index]
     assert recorded["name"] == c["name"] and recorded["error"] is None, recorded
     assert split_sizes(VERSION, None, **SIZE_FLAGS) == tuple(c["sizes"])
-    if c.get("blend_per_split"):
-        (tmp_path / "splits.json").write_text(json.dumps(dict(zip(("train", "valid", "test"),
-                                                                  (words(*b) for b in c["blend_per_split"])))))
-        data = ["--per-split-data-args-path", str(tmp_path / "splits.json")]
-    else:
-        data = ["--data-path", *words(*c["blend"]), "--split", c["split"]]
-    command = [sys.executable, "-m", "megacache", "build", *data, "--megatron-version", VERSION,
-               "--seq-length", str(c["seq_length"]), "--seed", str(c["seed"]),
-               "--tokenizer-type", c["tokenizer"]["tokenizer_type"], "--vocab-size", str(c["tokenizer"]["vocab_size"]),
-               "--data-cache-path", str(tmp_path / "cache"), "--object-storage-cache-path", str(tmp_path / "idx"),
-               "--per-dataset-sequences-path", ""]
-    for flag, value in SIZE_FLAGS.items():
-        command += [f"--{flag.replace('_', '-')}", str(value)]
+    args = megacache_build_args(c, str(tmp_path / "cache"), str(tmp_path / "idx"), str(tmp_path / "splits.json"))
     environment = s3.environment(MSC_CONFIG=msc_config(s3, str(tmp_path / "msc.json"), PROFILE, bucket))
-    done = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-m", "megacache", *args], env=environment, capture_output=True, text=True,
+                          timeout=600)
     assert done.returncode == 0, done.stderr
 
     paths = sorted({p for b in c.get("blend_per_split") or [c["blend"]] for p in b[0]})
@@ -106,3 +95,5 @@ def test_build_from_object_storage_equals_megatron_main_building_from_it(root, b
         copy = tmp_path / "idx" / path.split("/", 3)[2] / f"{key}.idx"
         assert copy.read_bytes() == (root / f"{key}.idx").read_bytes()
     assert cache_files(str(tmp_path / "cache")) == recorded["files"]
+    # main, given the cache megacache wrote (the same files), loaded it and left it as it was
+    assert recorded["megacache_loaded"] == {"files": recorded["files"], "error": None, "unchanged": True}

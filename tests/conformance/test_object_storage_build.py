@@ -20,7 +20,7 @@ import pytest
 
 from support.oracles.environments import ask
 from support.systems.s3server import msc_config, s3, s3_server, upload_datasets  # noqa: F401 (fixtures)
-from test_megatron_loads_cache import snapshot
+from support.sweeps import snapshot
 
 from megacache.formats.indexed import write_dataset
 from megacache.megatron.training import split_sizes

@@ -4,6 +4,7 @@ running each configuration in a fresh shared directory; the build command line o
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -109,6 +110,21 @@ def cache_files(directory: str) -> dict[str, bytes]:
         return {}
     return {e.name: open(e.path, "rb").read() for e in sorted(os.scandir(directory), key=lambda e: e.name)
             if e.is_file()}
+
+
+def snapshot(directory: str) -> dict:
+    """Everything a rebuild would change: the directory's listing and mtime, and every file's inode,
+    mtime and bytes."""
+    files = {}
+    for entry in os.scandir(directory):
+        if entry.is_dir():  # megacache's state (its manifest): checked one level down
+            files[entry.name] = snapshot(entry.path)
+            continue
+        st = entry.stat()
+        with open(entry.path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        files[entry.name] = (st.st_ino, st.st_mtime_ns, st.st_size, digest)
+    return {"mtime_ns": os.stat(directory).st_mtime_ns, "files": files}
 
 
 #: megatron-core's refusals in the sweeps (``support.oracles.megatron_worker.refusal``: the exception, the source

@@ -9,7 +9,9 @@ Writes tests/data/megatron-main/:
   CACHE_CONFIGS, small datasets this script makes;
 * ``object_storage_caches.json``: the same for OBJECT_STORAGE_CONFIGS, those datasets read from s3://
   and msc:// paths (``object_storage_cache_path``) in a bucket of moto's S3 server (tests/support/systems/s3server.py),
-  to which the script uploads them (``upload_datasets``).
+  to which the script uploads them (``upload_datasets``); and, per build, main given the cache
+  ``megacache build`` writes for it (``megacache_loaded``: megacache's files, main's answer, and
+  whether main left them as they were).
 
 Each file names the commit it came from. Paths are recorded relative to, or as ``<ROOT>`` for, the
 folder the tokenizer files and datasets were made in, so the data is the same on every machine.
@@ -46,6 +48,7 @@ sys.path.insert(0, TESTS)  # the ``support`` package
 
 from support.oracles.environments import MAIN_DATA, ROOT, WORKER  # noqa: E402
 from support.inputs.tokenizer_files import TIKTOKEN_RANKS  # noqa: E402
+from support.sweeps import snapshot, words  # noqa: E402
 
 VERSION = "0.20"
 PLACEHOLDER = "<ROOT>"
@@ -222,10 +225,53 @@ def record_object_storage(python: str, path: str, root: str, source: dict) -> di
     try:
         upload_datasets(server, Path(root))
         environment = server.environment(MSC_CONFIG=msc_config(server, os.path.join(root, "msc.json"), PROFILE, BUCKET))
-        return record_caches(OBJECT_STORAGE_CONFIGS, root, source,
-                             lambda request: ask_main(python, path, root, request, environment))
+
+        def answer(request: dict) -> dict:
+            return ask_main(python, path, root, request, environment)
+
+        records = record_caches(OBJECT_STORAGE_CONFIGS, root, source, answer)
+        for c, record in zip(OBJECT_STORAGE_CONFIGS, records["builds"]):
+            record["megacache_loaded"] = main_loads_megacache(c, root, environment, answer)
+        return records
     finally:
         server.stop()
+
+
+def megacache_build_args(c: dict, cache: str, idx: str, splits_file: str) -> list[str]:
+    """``megacache build``'s arguments for an OBJECT_STORAGE_CONFIGS entry, as its training flags
+    (SIZE_FLAGS for the sizes): the cache under ``cache``, the .idx copies under ``idx``; a blend per
+    split is written to ``splits_file`` and named by --per-split-data-args-path."""
+    if c.get("blend_per_split"):
+        with open(splits_file, "w") as f:
+            json.dump(dict(zip(("train", "valid", "test"), (words(*b) for b in c["blend_per_split"]))), f)
+        data = ["--per-split-data-args-path", splits_file]
+    else:
+        data = ["--data-path", *words(*c["blend"]), "--split", c["split"]]
+    args = ["build", *data, "--megatron-version", VERSION, "--seq-length", str(c["seq_length"]),
+            "--seed", str(c["seed"]), "--tokenizer-type", c["tokenizer"]["tokenizer_type"],
+            "--vocab-size", str(c["tokenizer"]["vocab_size"]), "--data-cache-path", cache,
+            "--object-storage-cache-path", idx, "--per-dataset-sequences-path", ""]
+    for flag, value in SIZE_FLAGS.items():
+        args += [f"--{flag.replace('_', '-')}", str(value)]
+    return args
+
+
+def main_loads_megacache(c: dict, root: str, environment: dict, answer) -> dict:
+    """``megacache build`` of an OBJECT_STORAGE_CONFIGS entry (this process's megacache, in ``root``),
+    then main's builder given megacache's cache: megacache's files, main's answer (None, or how it
+    refused) and whether main left the cache as it was (``snapshot``: nothing built or rewritten)."""
+    index = OBJECT_STORAGE_CONFIGS.index(c)
+    cache = os.path.join(root, f"megacache-cache/{index}")
+    args = megacache_build_args(c, cache, os.path.join(root, f"megacache-idx/{index}"),
+                                os.path.join(root, f"megacache-splits-{index}.json"))
+    done = subprocess.run([sys.executable, "-m", "megacache", *args], cwd=root, env=environment,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        sys.exit(f"megacache build failed for {c['name']!r}:\n{done.stderr[-4000:]}")
+    before = snapshot(cache)
+    config = {**worker_config(c), "path_to_cache": cache, "object_storage_cache_path": f"main-idx/{index}"}
+    error = answer({"task": "caches", "configs": [config]})["results"][0]
+    return {"files": cache_files(cache), "error": error, "unchanged": snapshot(cache) == before}
 
 
 def write(out: str, name: str, data: dict) -> None:
