@@ -797,8 +797,7 @@ def _add_build_args(sub) -> argparse.ArgumentParser:
                    help="with s3:// or msc:// data paths (required then, as in Megatron-LM): each dataset's .idx "
                         "is copied into DIR where training copies it, and read there; the .bin is not read")
     g.add_argument("--per-dataset-sequences-path", metavar="FILE.json",
-                   help="write Megatron's --per-dataset-sequences-path file here (default: "
-                        "sequences_per_dataset.json in --data-cache-path; '' for none)")
+                   help="training's sequences file (default: sequences_per_dataset.json in --data-cache-path; '' for none)")
     g.add_argument("--rebuild-stale", action="store_true",
                    help="replace existing entries built from other data or settings (default: refuse)")
     g.add_argument("--no-rebuild", action="store_true",

@@ -234,10 +234,9 @@ def size(url: str) -> int:
 def exists(url: str) -> bool:
     """Whether the object is there; a missing bucket is an error."""
     try:
-        size(url)
+        return size(url) >= 0
     except ObjectMissing:
         return False
-    return True
 
 
 def read(url: str) -> bytes:
