@@ -19,6 +19,15 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def benchmark(tmp_path, module: str, *args: str) -> tuple[str, list[dict]]:
+    """``python -m MODULE ARGS --results FILE`` run in the repository: what it printed, and its records."""
+    results = tmp_path / f"{module}.jsonl"
+    run = subprocess.run([sys.executable, "-m", module, *args, "--results", str(results)], cwd=REPO,
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run.stdout, [json.loads(line) for line in results.read_text().splitlines()]
+
+
 def test_smoke_suite_writes_results_plots_table_and_projection(tmp_path):
     results = str(tmp_path / "smoke.jsonl")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
@@ -227,12 +236,7 @@ def test_sft_pack_times_both_sides_and_compares_their_bytes(tmp_path):
 
     if not built(BRIDGE_ROOT):
         pytest.skip("Megatron-Bridge oracle not built: run bash tests/bridge_oracle.sh")
-    results = tmp_path / "sft_pack.jsonl"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.sft_pack", "--examples", "300", "--repeats", "2",
-                          "--results", str(results)], cwd=REPO, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    records = [json.loads(line) for line in results.read_text().splitlines()]
+    output, records = benchmark(tmp_path, "benchmarks.sft_pack", "--examples", "300", "--repeats", "2")
     # alternating: Bridge first in the first pair, megacache first in the second
     assert [(r["pair"], r["side"], r["first"]) for r in records] == [
         (0, "bridge", True), (0, "megacache", False), (1, "megacache", True), (1, "bridge", False)]
@@ -240,7 +244,7 @@ def test_sft_pack_times_both_sides_and_compares_their_bytes(tmp_path):
         assert r["identical_bytes"] > 0 and r["wall_s"] > 0 and r["packing"]["examples"] == 300, r
         assert r["commit"] and r["cores"] >= 1 and len(r["loadavg_before"]) == 3
     assert [len(r["rss_kb"]) for r in records] == [1, 2, 2, 1]
-    assert re.search(r"medians of 2: Bridge [0-9.]+ s, megacache P=2 [0-9.]+ s: [0-9.]+x", run.stdout), run.stdout
+    assert re.search(r"medians of 2: Bridge [0-9.]+ s, megacache P=2 [0-9.]+ s: [0-9.]+x", output), output
 
 
 @pytest.mark.slow
@@ -249,12 +253,7 @@ def test_object_storage_times_bucket_and_local_and_counts_requests(tmp_path):
 
     if not moto_available():
         pytest.skip("moto's S3 server is not installed: pip install 'moto[server]' (the test extra has it)")
-    results = tmp_path / "object_storage.jsonl"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.object_storage", "--megabytes", "1", "--repeats", "1",
-                          "--results", str(results)], cwd=REPO, capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    records = [json.loads(line) for line in results.read_text().splitlines()]
+    output, records = benchmark(tmp_path, "benchmarks.object_storage", "--megabytes", "1", "--repeats", "1")
     assert [(r["step"], r["side"], r["first"]) for r in records] == [
         (step, side, side == "local") for step in ("tokenize", "build", "build_blend") for side in ("local", "bucket")]
     for r in records:
@@ -268,5 +267,5 @@ def test_object_storage_times_bucket_and_local_and_counts_requests(tmp_path):
     assert (build["requests_by_kind"]["GET"], blend["requests_by_kind"]["GET"]) == (1, 2)
     assert build["bytes_uploaded"] == blend["bytes_uploaded"] == 0 and build["bytes_downloaded"] > 0
     assert not {"PUT", "multipart_part", "DELETE"} & set(build["requests_by_kind"])
-    assert re.search(r"^  tokenize: local [0-9.]+ s, bucket [0-9.]+ s; bucket requests .*GET \d+", run.stdout,
-                     re.MULTILINE), run.stdout
+    assert re.search(r"^  tokenize: local [0-9.]+ s, bucket [0-9.]+ s; bucket requests .*GET \d+", output,
+                     re.MULTILINE), output
