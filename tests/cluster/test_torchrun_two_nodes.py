@@ -33,7 +33,7 @@ def test_prepare_cache_on_two_nodes_then_megatron_core_loads_it_on_both(cluster)
     built = final_files(cache)
     assert len(built) == 13, sorted(built)
 
-    cluster.torchrun(1, script, f"{shared}/spec.json")
+    cluster.torchrun(1, TORCHRUN_RANK, f"{shared}/spec.json")
     second = [json.load(open(f"{shared}/out.{r}.json")) for r in range(2)]
     assert [m["built"] for m in second] == [False, False], second
     assert final_files(cache) == built

@@ -106,6 +106,11 @@ class Volume:
         _run("mount", "-t", "glusterfs", "-o", f"log-file={ROOT}/client-{self.name}-{client}.log{self.options}",
              f"{self.server}:/{self.name}", path)
 
+    def on_brick(self, path: str) -> str:
+        """``path`` (under the host's mount) where the brick holds it: what the server has now, which
+        a client caching entries may show only seconds later."""
+        return os.path.join(self.brick_root, "brick", os.path.relpath(path, self.path))
+
     def mount_command(self, client: str) -> str:
         return (f"mount -t glusterfs -o log-file={ROOT}/client-{self.name}-{client}.log{self.options} "
                 f"{self.server}:/{self.name} {self.path}")
