@@ -129,11 +129,24 @@ class _Beat:
         self._thread.join()
 
 
+def lock_path(directory: str, key: str) -> str:
+    return os.path.join(state_dir(directory), f"{key}.lock")
+
+
+def held_by(path: str, job: str) -> bool:
+    """Whether the lock file at ``path`` is ``job``'s (also when it cannot be read now)."""
+    try:
+        record, _ = _read_record(path)
+    except OSError:
+        return True
+    return record is not None and record.get("job") == job
+
+
 class Lock:
     """An exclusive, heartbeat-refreshed lock file ``<directory>/.megacache/<key>.lock``."""
 
     def __init__(self, directory: str, key: str, job: str, describe: str):
-        self.path = os.path.join(state_dir(directory), f"{key}.lock")
+        self.path = lock_path(directory, key)
         self.directory, self.job = directory, job
         self.record = {**this_process(), "job": job, "token": uuid.uuid4().hex, "what": describe,
                        "since": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -272,12 +285,17 @@ class Monitor:
         except FileNotFoundError:
             pass  # the job had finished and removed its records
 
-    def await_stopped(self, rank: int, timeout: float) -> None:
-        """Wait, at most ``timeout`` seconds, until ``rank``'s record says it stopped (or is gone)."""
+    def await_stopped(self, rank: int, timeout: float, released) -> None:
+        """Wait, at most ``timeout`` seconds, until ``rank``'s record says it stopped, or it is gone
+        and ``released()``: a finished job removes its records before its locks, and a client
+        caching entries may not show a record another node has just replaced."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            record, _ = _read_record(os.path.join(self.dir, f"rank-{rank}"))
-            if record is None or record.get("stopped"):
+            try:
+                record, _ = _read_record(os.path.join(self.dir, f"rank-{rank}"))
+            except OSError:
+                record = {}
+            if (record is not None and record.get("stopped")) or (record is None and released()):
                 return
             time.sleep(0.01)
 
@@ -637,14 +655,16 @@ def _guarded(comm, directories: list[str], key: str, temporaries: tuple[str, ...
 
     def halt(signal_name: str) -> None:
         """Then: release the locks, and mark this rank's record stopped. mpiexec kills every rank
-        once one ends, so the others end only once rank 0's record says it stopped too."""
+        once one ends, so the others end only once rank 0's record says it stopped too, or, the
+        job having finished, its records are gone and its locks released."""
         for lock in locks:
             lock.release()
         if monitor is None:
             return
         monitor.stopped(signal_name)
         if comm.rank != 0:
-            monitor.await_stopped(0, timeout=STOP_WAIT_S)
+            paths = [lock_path(d, key) for d in directories]
+            monitor.await_stopped(0, STOP_WAIT_S, lambda: not any(held_by(p, job) for p in paths))
 
     registered = (where, leaves, halt)
     preemption.register(registered)
