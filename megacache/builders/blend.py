@@ -8,7 +8,6 @@ publication, a blend after all of its children."""
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -135,33 +134,18 @@ class BlendFiles:
 
     def rows(self, s0: int, s1: int, counts: np.ndarray | None) -> np.ndarray:
         """Samples ``[s0, s1)`` from the counts at ``s0`` (None: the start) into the files;
-        returns the counts at ``s1``. Each block is written by a second thread while the next one
-        is blended (two sets of buffers, taken in turn): the direct writes wait on the disk, and the
-        kernel, which releases the GIL, need not wait with them."""
-        length = min(self.block, s1 - s0)
-        buffers = [{what: np.empty(length, dtype) for what, dtype in BLEND_ARRAYS.items()} for _ in range(2)]
+        returns the counts at ``s1``."""
+        buffers = {what: np.empty(min(self.block, s1 - s0), dtype) for what, dtype in BLEND_ARRAYS.items()}
         writers = [NpyWriter(self.paths[what], dtype, (self.size,)) for what, dtype in BLEND_ARRAYS.items()]
-
-        def write(first: int, arrays: tuple) -> None:
-            for writer, rows in zip(writers, arrays):
-                writer.write_rows(first, rows)
-
         try:
-            with ThreadPoolExecutor(1, thread_name_prefix="blend-writes") as pool:
-                writing: list[Future | None] = [None, None]
-                for block, a in enumerate(range(s0, s1, self.block)):
-                    turn = block % 2
-                    if writing[turn] is not None:
-                        writing[turn].result()  # its buffers are free again; a failed write raises
-                    n = min(self.block, s1 - a)
-                    arrays = tuple(buffers[turn][what][:n] for what in BLEND_ARRAYS)
-                    counts = blend_chunk(self.weights, a, counts, *arrays)
-                    writing[turn] = pool.submit(write, a, arrays)
-                    if self.counted is not None:
-                        self.counted(n)
-                for done in writing:
-                    if done is not None:
-                        done.result()
+            for a in range(s0, s1, self.block):
+                n = min(self.block, s1 - a)
+                idx, sidx = (buffers[what][:n] for what in BLEND_ARRAYS)
+                counts = blend_chunk(self.weights, a, counts, idx, sidx)
+                for writer, rows in zip(writers, (idx, sidx)):
+                    writer.write_rows(a, rows)
+                if self.counted is not None:
+                    self.counted(n)
         finally:
             for writer in writers:
                 writer.close()
