@@ -84,7 +84,7 @@ def test_self_test_failure_falls_back_to_hf_or_is_an_error_when_gigatoken_is_req
     _corpus(tmp_path)
     fault = "quick brown fox"
     assert any(fault in t for t in SELF_TEST_TEXTS)
-    hf = _tokenize(tmp_path, bpe, "hf", "--tokenizer-backend", "hf")
+    _tokenize(tmp_path, bpe, "hf", "--tokenizer-backend", "hf")
     auto = _tokenize(tmp_path, bpe, "auto", fault=fault)
     assert "tokenizer backend: hf (gigatoken disagrees with hf on the self-test text 'Hello, world! The quick" in auto.stdout
     assert file_bytes(str(tmp_path / "auto_text_document")) == file_bytes(str(tmp_path / "hf_text_document"))

@@ -53,7 +53,7 @@ def test_smoke_suite_writes_results_plots_table_and_projection(tmp_path):
     assert text.startswith("intro\n") and text.endswith("outro\n") and "old" not in text
     kernel = next(r for r in records if r["workload"] == "blend_kernel")
     wall = kernel["megacache"]["2"]["median"]["wall_s"]
-    assert f"| `blend_kernel` (smoke, factor 0.0002, 1 repeat(s)) |" in text and f"{wall:.1f} s (" in text
+    assert "| `blend_kernel` (smoke, factor 0.0002, 1 repeat(s)) |" in text and f"{wall:.1f} s (" in text
     projection = str(tmp_path / "projection.md")
     proj = subprocess.run([sys.executable, "-m", "benchmarks", "project", "--results", results, "--scale-results", "",
                            "--seed-results", "", "--output", projection],
