@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -285,7 +286,7 @@ class Monitor:
         except FileNotFoundError:
             pass  # the job had finished and removed its records
 
-    def await_stopped(self, rank: int, timeout: float, released) -> None:
+    def await_stopped(self, rank: int, timeout: float, released: Callable[[], bool]) -> None:
         """Wait, at most ``timeout`` seconds, until ``rank``'s record says it stopped, or it is gone
         and ``released()``: a finished job removes its records before its locks, and a client
         caching entries may not show a record another node has just replaced."""

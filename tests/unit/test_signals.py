@@ -8,6 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+
+from megacache.runtime.coordination import Lock, Monitor, held_by, lock_path
 
 PROGRAM = textwrap.dedent("""
     import os, signal, sys, time
@@ -49,11 +53,6 @@ def test_a_stopping_rank_waits_for_rank_0_whose_job_has_just_finished(tmp_path):
     another rank, stopping, finds rank 0's record gone and waits for the lock too (mpiexec kills
     rank 0 once that rank ends); it returns when the lock goes, and at once when rank 0 says it
     stopped."""
-    import threading
-    import time
-
-    from megacache.runtime.coordination import Lock, Monitor, held_by, lock_path
-
     lock = Lock(str(tmp_path), "build", "job1", "a test")
     assert lock.acquire(wait=False)
     monitor = Monitor(str(tmp_path), "build", "job1", 1, 2, abort=None)
