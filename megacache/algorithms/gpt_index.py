@@ -496,11 +496,12 @@ def _check_int32_offsets(plan: GPTIndexPlan, offset: int) -> None:
 
 
 def build_sample_index(
-    sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan, first: int = 0
+    sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan, first: int = 0,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """The whole sample index (the piece form over one piece); ``sizes`` holds the lengths of
-    sequences ``first…``."""
-    return sample_index_rows(plan, sizes, document_index, 0, 0, 0, plan.num_samples + 1, first)
+    sequences ``first…``; ``out``, if given, is filled instead of a new array."""
+    return sample_index_rows(plan, sizes, document_index, 0, 0, 0, plan.num_samples + 1, first, out=out)
 
 
 def sample_index_reference(sizes: np.ndarray, document_index: np.ndarray, plan: GPTIndexPlan) -> np.ndarray:

@@ -49,8 +49,8 @@ from ..megatron.cache import SPLIT_NAMES, CacheEntry, gpt_identifiers
 from .config import BuildConfig
 from .publish import publish_entries, write_description
 from ..formats.indexed import IndexedDataset, idx_path
-from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_buffers, write_npy
-from ..runtime.fsio import Staging, sync_filesystems
+from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_image
+from ..runtime.fsio import Staging, sync_filesystems, write_new_file, writing
 from ..runtime.object_storage import download, is_object_storage, local_copy
 from ..runtime.progress import Progress
 from .scheduling import even_pieces, largest_first
@@ -419,15 +419,17 @@ class GPTBuild:
         state = self.seeded.copy()
         shuffled = self.progress.counter("document index")
         if task.index not in self.shared_ids:
-            document_index = build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state,
-                                                  progress=shuffled)
+            document_file, document_index = npy_image(np.int32, (p.document_index_length,))
+            build_document_index(task.split_range, p.num_epochs, p.separate_final_epoch, state, out=document_index,
+                                 progress=shuffled)
             sizes = self.datasets[task.data_path].read_lengths(*task.split_range)
             tokens, _, checksum = length_stats(sizes, task.split_range[0])
             check_tokens(task, tokens, checksum)
-            sample_index = build_sample_index(sizes, document_index, p, task.split_range[0])
+            sample_file, sample_index = npy_image(p.sample_index_dtype, p.sample_index_shape)
+            build_sample_index(sizes, document_index, p, task.split_range[0], out=sample_index)
             self.progress.add("sample index", len(sample_index))
-            writes.put(document_index.nbytes + sample_index.nbytes, self._finish, task, state, document_index,
-                       sample_index)
+            writes.put(document_file.nbytes + sample_file.nbytes, self._finish, task, state, document_file,
+                       sample_file)
             return None
         NpyWriter.create(self.staging.path(task.entry.path("sample_index.npy")), p.sample_index_dtype,
                          p.sample_index_shape)
@@ -437,15 +439,12 @@ class GPTBuild:
         write_description(task.entry, self.staging)
         return pool.submit(self._shuffle_index, task, state)
 
-    def _finish(self, task: GPTTask, state: MT19937, document_index: np.ndarray, sample_index: np.ndarray) -> None:
-        """A small task's files: its two arrays, its shuffle index, its description."""
-        self._write_npy(task.entry.path("document_index.npy"), document_index)
-        self._write_npy(task.entry.path("sample_index.npy"), sample_index)
+    def _finish(self, task: GPTTask, state: MT19937, document_file: np.ndarray, sample_file: np.ndarray) -> None:
+        """A small task's files: its two arrays' (``npy_image``s), its shuffle index, its description."""
+        self.staging.write(task.entry.path("document_index.npy"), [document_file])
+        self.staging.write(task.entry.path("sample_index.npy"), [sample_file])
         self._shuffle_index(task, state)
         write_description(task.entry, self.staging)
-
-    def _write_npy(self, final: str, array: np.ndarray) -> None:
-        self.staging.write(final, npy_buffers(array))
 
     def _shuffle_index(self, task: GPTTask, state: MT19937) -> None:
         p = task.plan
@@ -462,12 +461,14 @@ class GPTBuild:
         final = task.entry.path(what)
         dtype, shape = array_shapes(task.plan)[what]
         if dtype.itemsize * math.prod(shape) <= IN_MEMORY_BYTES:
-            out = np.empty(shape, dtype)
+            file, out = npy_image(dtype, shape)
             yield out
             if shared:
-                write_npy(self.staging.path(final), out)
+                path = self.staging.path(final)
+                with writing(path):
+                    write_new_file(path, [file])
             else:
-                self._write_npy(final, out)
+                self.staging.write(final, [file])
         else:
             path = self.staging.path(final)
             NpyWriter.create(path, dtype, shape)

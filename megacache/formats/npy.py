@@ -18,7 +18,7 @@ from concurrent.futures import Executor, Future
 import numpy as np
 
 from ..errors import FormatError
-from ..runtime.fsio import DIRECT_MIN, open_direct, pwrite_all, pwrite_mostly_direct, write_new_file, writing
+from ..runtime.fsio import DIRECT_MIN, aligned_empty, open_direct, pwrite_all, pwrite_mostly_direct, write_new_file, writing
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -63,6 +63,17 @@ def npy_buffers(array: np.ndarray) -> list:
     """``numpy.save``'s bytes for an array (no pickle), as buffers to write end to end."""
     array = np.ascontiguousarray(array)
     return [npy_header(array.dtype, array.shape), array]
+
+
+def npy_image(dtype, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """A new array inside the bytes of its ``.npy`` file: ``(file, array)``, the file's bytes
+    (header, then the array's) starting at an aligned address, so that writing them directly
+    needs no staging copy."""
+    dtype = np.dtype(dtype)
+    header = npy_header(dtype, shape)
+    image = aligned_empty(len(header) + dtype.itemsize * math.prod(shape))
+    image[: len(header)] = np.frombuffer(header, dtype=np.uint8)
+    return image, image[len(header) :].view(dtype).reshape(shape)
 
 
 def write_npy(path: str, array: np.ndarray) -> None:

@@ -95,13 +95,18 @@ DIRECT_STAGE = 16 << 20
 _staging = threading.local()
 
 
+def aligned_empty(nbytes: int) -> np.ndarray:
+    """``uint8[nbytes]`` starting at a ``DIRECT_ALIGN`` boundary: what a direct write takes as it is."""
+    raw = np.empty(nbytes + DIRECT_ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % DIRECT_ALIGN
+    return raw[start : start + nbytes]
+
+
 def _stage() -> memoryview:
     """This thread's page-aligned staging buffer (reused: fresh memory would fault in every page)."""
     stage = getattr(_staging, "buffer", None)
     if stage is None:
-        raw = np.empty(DIRECT_STAGE + DIRECT_ALIGN, dtype=np.uint8)
-        start = -raw.ctypes.data % DIRECT_ALIGN
-        stage = _staging.buffer = raw[start : start + DIRECT_STAGE]
+        stage = _staging.buffer = aligned_empty(DIRECT_STAGE)
     return memoryview(stage)
 
 
@@ -130,7 +135,8 @@ def _spans(views: list[memoryview], a: int, b: int):
 
 def pwrite_mostly_direct(fd: int, direct_fd: int | None, buffers: list, offset: int) -> None:
     """Write ``buffers`` (bytes or C-contiguous arrays) end to end from ``offset``, the whole aligned
-    blocks inside the range through ``direct_fd`` (O_DIRECT, staged in an aligned buffer). A
+    blocks inside the range through ``direct_fd`` (O_DIRECT, staged in an aligned buffer unless
+    one buffer holds them at an aligned address already, as ``npy_image`` makes them). A
     buffered write costs a kernel copy into freshly allocated page-cache pages, several times a
     direct write's cost: the largest CPU cost of writing a cache. The partial blocks at either
     end stay buffered, so writers of adjacent ranges (other ranks) never overlap a direct write.
@@ -147,8 +153,8 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, buffers: list, offset: 
         pwritev_all(fd, list(_spans(views, lo - start, hi - start)), lo)
 
     buffered(start, first)
-    position = first
-    stage = _stage()
+    position = _write_in_place(direct_fd, views, start, first, last)
+    stage = _stage() if position < last else None
     while position < last:
         n = min(len(stage), last - position)
         filled = 0
@@ -165,6 +171,29 @@ def pwrite_mostly_direct(fd: int, direct_fd: int | None, buffers: list, offset: 
             break  # the filesystem took the descriptor but not the write: the rest buffered
         position += n
     buffered(position, end)
+
+
+def _write_in_place(direct_fd: int, views: list[memoryview], start: int, first: int, last: int) -> int:
+    """Where one view holds the file's blocks ``[first, last)`` at an aligned address (an image
+    made with ``aligned_empty``), write them straight from it, with no staging copy; returns the
+    position written up to (``first`` where that is not so, or the filesystem refused)."""
+    base = 0
+    for view in views:
+        lo, hi = first - start - base, last - start - base
+        if 0 <= lo and hi <= len(view):
+            whole = np.frombuffer(view, dtype=np.uint8)
+            if (whole.ctypes.data + lo) % DIRECT_ALIGN:
+                return first
+            done = 0
+            try:
+                while done < hi - lo:
+                    done += os.pwrite(direct_fd, view[lo + done : hi], first + done)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+            return first + done
+        base += len(view)
+    return first
 
 
 def write_new_file(path: str, buffers: list) -> None:

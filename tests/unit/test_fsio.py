@@ -3,8 +3,10 @@ import os
 import numpy as np
 import pytest
 
-from megacache.runtime.fsio import (DIRECT_ALIGN, DIRECT_MIN, DIRECT_STAGE, TMP_MARK, Staging, _can_link_unnamed, open_direct,
-                            pwrite_mostly_direct, pwritev_all, write_atomic)
+from megacache.formats.npy import npy_image
+from megacache.runtime.fsio import (DIRECT_ALIGN, DIRECT_MIN, DIRECT_STAGE, TMP_MARK, Staging, _can_link_unnamed,
+                                    aligned_empty, open_direct, pwrite_mostly_direct, pwritev_all, write_atomic,
+                                    write_new_file)
 
 
 @pytest.mark.parametrize("offset", [0, 1, DIRECT_ALIGN - 1, DIRECT_ALIGN, 3 * DIRECT_ALIGN + 17])
@@ -29,6 +31,38 @@ def test_pieces_written_mostly_direct_land_end_to_end_at_their_offset(tmp_path, 
     expected = before.copy()
     expected[offset : offset + sum(sizes)] = np.concatenate(pieces)
     assert np.fromfile(path, dtype=np.uint8).tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("offset", [0, 5, DIRECT_ALIGN, 2 * DIRECT_ALIGN + 3])
+@pytest.mark.parametrize("size", [DIRECT_MIN - 1, DIRECT_MIN + DIRECT_ALIGN + 9, DIRECT_STAGE + 4 * DIRECT_ALIGN])
+def test_aligned_buffers_are_written_from_where_they_lie(tmp_path, offset, size):
+    # An aligned buffer at an aligned offset goes to the device without staging; at any other
+    # offset it is staged as before: the same bytes either way.
+    data = aligned_empty(size)
+    data[:] = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    path = str(tmp_path / "f")
+    before = np.full(offset + size + 10, 7, dtype=np.uint8)
+    before.tofile(path)
+    fd, direct = os.open(path, os.O_WRONLY), open_direct(path)
+    try:
+        pwrite_mostly_direct(fd, direct, [data[:3].tobytes(), data[3:]] if offset % 2 else [data], offset)
+    finally:
+        os.close(fd)
+        if direct is not None:
+            os.close(direct)
+    expected = before.copy()
+    expected[offset : offset + size] = data
+    assert np.fromfile(path, dtype=np.uint8).tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("shape", [(0,), (5,), (300_000,), (70_001, 2)])
+def test_an_npy_image_is_the_file_numpy_saves(tmp_path, shape):
+    file, array = npy_image(np.int64 if len(shape) == 2 else np.int32, shape)
+    assert file.ctypes.data % DIRECT_ALIGN == 0 and array.base is not None
+    array[...] = np.arange(array.size).reshape(shape)
+    write_new_file(str(tmp_path / "image.npy"), [file])
+    np.save(tmp_path / "saved.npy", array)
+    assert (tmp_path / "image.npy").read_bytes() == (tmp_path / "saved.npy").read_bytes()
 
 
 @pytest.mark.parametrize("most", [1, 3, 7, 1 << 20])
