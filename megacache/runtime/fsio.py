@@ -9,7 +9,6 @@ under a temporary name and renamed (``publish``), or, for a build's files, held 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import json
 import os
@@ -38,7 +37,8 @@ STATE_DIR = ".megacache"
 PROGRESS_MARK = "progress-"
 
 try:
-    _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    # The interpreter's own symbols, libc's among them: ctypes.util.find_library runs ldconfig.
+    _libc = ctypes.CDLL(None, use_errno=True)
     _libc.syncfs.argtypes = [ctypes.c_int]
     _libc.linkat.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
 except (OSError, AttributeError):  # not Linux/glibc: fall back to os.sync
