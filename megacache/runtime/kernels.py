@@ -1,7 +1,8 @@
 """How megacache's kernels run. Each is written once, in numba's Python subset, and runs either
 
 * from a native library compiled ahead of time for this machine's CPU (``megacache kernels``, or
-  ``compile_library``): importing it is one library load and needs no numba; or
+  ``compile_library``, in parts by as many processes as there are cores): importing it loads its
+  parts and needs no numba; or
 * where there is none, or for argument types it was not compiled for, through numba's JIT, whose
   import and first kernel load are most of a small build's start on every rank (docs/benchmarks.md).
 
@@ -25,6 +26,7 @@ import importlib
 import importlib.util
 import os
 import platform
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -38,7 +40,7 @@ import numpy as np
 from .environment import kernel_dir
 from ..errors import MegacacheError
 
-#: every module that declares kernels: compiled together, and hashed into the library's name
+#: every module that declares kernels: compiled into the library, and hashed into its name
 MODULES = (
     "megacache.algorithms.blend_kernels",
     "megacache.algorithms.gpt_index",
@@ -284,8 +286,11 @@ def _digest() -> str:
     return h.hexdigest()[:20]
 
 
-def library_path(directory: str) -> str:
-    return os.path.join(directory, _PREFIX + _digest() + sysconfig.get_config_var("EXT_SUFFIX"))
+def library_path(directory: str, part: int = 0) -> str:
+    """The library's file in ``directory``: its first part, published last, under the plain name;
+    part i > 0 (of a library compiled by several processes) under that name with ``_i``."""
+    stem = _PREFIX + _digest() + (f"_{part}" if part else "")
+    return os.path.join(directory, stem + sysconfig.get_config_var("EXT_SUFFIX"))
 
 
 def native_library():
@@ -308,14 +313,21 @@ def compiled_library() -> str | None:
 
 
 def _import_library():
+    """The library's exports, from its parts (all published before the first one's name appears)."""
     path = compiled_library()
     if path is None:
         return None
-    name = os.path.basename(path).split(".", 1)[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    exports = {}
+    part = 0
+    while os.path.isfile(path):
+        name = os.path.basename(path).split(".", 1)[0]
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        exports.update((key, value) for key, value in vars(module).items() if not key.startswith("_"))
+        part += 1
+        path = library_path(os.path.dirname(path), part)
+    return types.SimpleNamespace(**exports)
 
 
 def jit_calls() -> list[tuple[Kernel, tuple]]:
@@ -358,55 +370,96 @@ def _releasing_the_gil():
 def compile_library(directory: str | None = None) -> str:
     """Compile every kernel's declared signatures for this CPU into the library (a C compiler is
     needed to link it) and publish it atomically in ``directory`` (default ``kernel_dir()``).
-    Returns its path. Running it again, or on many ranks at once, is harmless."""
+    Returns its path. The exports are shared among as many processes as there are cores (each
+    compiles and links a part; LLVM compiles a part on one core). Running it again, or on many
+    ranks at once, is harmless."""
     from . import fsio
 
     directory = directory or kernel_dir()
     if directory is None:
         raise MegacacheError("MEGACACHE_KERNEL_DIR=jit: there is no kernel directory to compile into; unset it or name one")
-    for name in MODULES:
-        importlib.import_module(name)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exc:
+        raise MegacacheError(f"{directory}: cannot create the kernel directory ({exc.strerror}); "
+                             f"set MEGACACHE_KERNEL_DIR to a writable directory") from None
+    _pycc()  # a clear error before any process starts
+    parts = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+                       _MAX_PARTS))
+    with tempfile.TemporaryDirectory(prefix=".megacache-kernels-", dir=directory) as work:
+        # new interpreters, not forks: they start without this process's threads, locks or MPI
+        others = []
+        for part in range(1, parts):
+            with open(os.path.join(work, f"part-{part}.err"), "w") as err:
+                others.append(subprocess.Popen([sys.executable, "-c", _COMPILE_PART, work, str(part), str(parts)],
+                                               stdout=subprocess.DEVNULL, stderr=err))
+        try:
+            built = [_compile_part(work, 0, parts)]
+        except BaseException as exc:  # an interrupt too: the others go with this one
+            for other in others:
+                other.kill()
+                other.wait()
+            if not isinstance(exc, Exception):
+                raise
+            raise _compile_failed(f"{type(exc).__name__}: {exc}") from None
+        for part, other in enumerate(others, 1):
+            if other.wait():
+                with open(os.path.join(work, f"part-{part}.err")) as err:
+                    lines = err.read().strip().splitlines()
+                raise _compile_failed(lines[-1] if lines else f"a compiling process ended with status {other.returncode}")
+            built.append(library_path(work, part))
+        # the first part last: its name is what says the library is there
+        for part in reversed(range(parts)):
+            final = library_path(directory, part)
+            tmp = fsio.tmp_path(final, f"{os.getpid()}-{time.monotonic_ns()}")
+            os.replace(built[part], tmp)
+            fsio.publish(tmp, final)
+    forget_library()
+    return final
+
+
+#: the most processes one compile uses (each a share of the exports)
+_MAX_PARTS = 8
+#: what each of the other processes runs: ``_compile_part(work, part, parts)``
+_COMPILE_PART = "import sys; from megacache.runtime.kernels import _compile_part; " \
+                "_compile_part(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))"
+
+
+def _compile_failed(reason: str) -> MegacacheError:
+    return MegacacheError(f"compiling megacache's kernels failed ({reason}); it needs a C compiler (cc) and "
+                          "Python's headers. Builds still run, through numba's JIT")
+
+
+def _pycc():
+    """numba's ahead-of-time compiler, ``numba.pycc.CC``; its notice that it will be replaced one
+    day is not the user's business."""
     with warnings.catch_warnings():
-        # numba.pycc is numba's ahead-of-time compiler; its notice that it will be replaced one day
-        # is not the user's business
         warnings.simplefilter("ignore")
         try:
             from numba.pycc import CC
         except ImportError as exc:
             raise MegacacheError(f"this numba cannot compile ahead of time (numba.pycc: {exc}); builds still "
                                  "run, through numba's JIT") from None
+    return CC
 
-    final = library_path(directory)
-    name = os.path.basename(final).split(".", 1)[0]
-    cc = CC(name)
+
+def _compile_part(work: str, part: int, parts: int) -> str:
+    """Compile every ``parts``-th export, from the ``part``-th, into a library in ``work``; returns
+    its path."""
+    for name in MODULES:
+        importlib.import_module(name)
+    path = library_path(work, part)
+    cc = _pycc()(os.path.basename(path).split(".", 1)[0])
     cc.target_cpu = "host"
     cc.verbose = False
-    for module in MODULES:
-        for obj in _declared.get(module, ()):
-            if not isinstance(obj, Kernel):
-                continue
-            d = obj.dispatcher()
-            for key, args in obj.compiled_keys().items():
-                d.compile(args)
-                cc.export(export_name(obj, key), d.overloads[args].signature)(d.py_func)
-    try:
-        os.makedirs(directory, exist_ok=True)
-    except OSError as exc:
-        raise MegacacheError(f"{directory}: cannot create the kernel directory ({exc.strerror}); "
-                             f"set MEGACACHE_KERNEL_DIR to a writable directory") from None
-    with tempfile.TemporaryDirectory(prefix=".megacache-kernels-", dir=directory) as work:
-        cc.output_dir = work
-        try:
-            with warnings.catch_warnings(), _releasing_the_gil():
-                warnings.simplefilter("ignore")
-                cc.compile()
-        except Exception as exc:
-            raise MegacacheError(f"compiling megacache's kernels failed ({type(exc).__name__}: {exc}); it needs "
-                                 "a C compiler (cc) and Python's headers. Builds still run, through numba's JIT"
-                                 ) from None
-        built = os.path.join(work, os.path.basename(final))
-        tmp = fsio.tmp_path(final, f"{os.getpid()}-{time.monotonic_ns()}")
-        os.replace(built, tmp)
-        fsio.publish(tmp, final)
-    forget_library()
-    return final
+    cc.output_dir = work
+    exports = [(obj, key, args) for module in MODULES for obj in _declared.get(module, ())
+               if isinstance(obj, Kernel) for key, args in obj.compiled_keys().items()]
+    for obj, key, args in exports[part::parts]:
+        d = obj.dispatcher()
+        d.compile(args)
+        cc.export(export_name(obj, key), d.overloads[args].signature)(d.py_func)
+    with warnings.catch_warnings(), _releasing_the_gil():
+        warnings.simplefilter("ignore")
+        cc.compile()
+    return path
