@@ -387,12 +387,15 @@ def compile_library(directory: str | None = None) -> str:
     parts = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
                        _MAX_PARTS))
     with tempfile.TemporaryDirectory(prefix=".megacache-kernels-", dir=directory) as work:
-        # new interpreters, not forks: they start without this process's threads, locks or MPI
+        # New interpreters, not forks: they start without this process's threads, locks or MPI. They
+        # import this megacache, whichever the path would find.
+        top = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (top, os.environ.get("PYTHONPATH"))))}
         others = []
         for part in range(1, parts):
             with open(os.path.join(work, f"part-{part}.err"), "w") as err:
                 others.append(subprocess.Popen([sys.executable, "-c", _COMPILE_PART, work, str(part), str(parts)],
-                                               stdout=subprocess.DEVNULL, stderr=err))
+                                               stdout=subprocess.DEVNULL, stderr=err, env=env))
         try:
             built = [_compile_part(work, 0, parts)]
         except BaseException as exc:  # an interrupt too: the others go with this one
