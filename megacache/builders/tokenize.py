@@ -48,6 +48,7 @@ from ..runtime import object_storage
 from ..runtime.comm import Comm, get_comm
 from ..errors import MegacacheError
 from ..runtime.log import LOG
+from ..runtime.environment import usable_cores
 from ..formats.indexed import optimal_dtype
 from ..formats.pbin import SUFFIX as PBIN_SUFFIX, TOKEN_DTYPES, token_size
 from ..runtime.fsio import (gone, make_directories, publish, read_json, remove_quietly, remove_tree, tmp_path,
@@ -163,8 +164,7 @@ def _load_tokenizer(cfg: TokenizeConfig, threads: int) -> Tokenizer:
 
 
 def _default_threads(comm: Comm) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // max(1, comm.local_size))
+    return max(1, usable_cores() // max(1, comm.local_size))
 
 
 #: the settings a dataset's bytes depend on (beside its inputs), as the user names them

@@ -22,6 +22,11 @@ VARIABLES = {
 }
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def comm_kind() -> str | None:
     """``MEGACACHE_COMM``, or None when unset."""
     return os.environ.get("MEGACACHE_COMM") or None

@@ -37,7 +37,7 @@ import warnings
 
 import numpy as np
 
-from .environment import kernel_dir
+from .environment import kernel_dir, usable_cores
 from ..errors import MegacacheError
 
 #: every module that declares kernels: compiled into the library, and hashed into its name
@@ -384,8 +384,7 @@ def compile_library(directory: str | None = None) -> str:
         raise MegacacheError(f"{directory}: cannot create the kernel directory ({exc.strerror}); "
                              f"set MEGACACHE_KERNEL_DIR to a writable directory") from None
     _pycc()  # a clear error before any process starts
-    parts = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
-                       _MAX_PARTS))
+    parts = max(1, min(usable_cores(), _MAX_PARTS))
     with tempfile.TemporaryDirectory(prefix=".megacache-kernels-", dir=directory) as work:
         # New interpreters, not forks: they start without this process's threads, locks or MPI. They
         # import this megacache, whichever the path would find.
