@@ -15,6 +15,8 @@ import subprocess
 import sys
 import time
 
+from megacache.runtime.environment import usable_cores
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RESULTS = os.path.join(ROOT, "benchmarks", "results", "suite.jsonl")
 SCALE_RESULTS = os.path.join(ROOT, "benchmarks", "results", "scale.jsonl")
@@ -229,7 +231,7 @@ def _mpiexec_version() -> str | None:
 
 def machine_info() -> dict:
     return {
-        "cpu": cpu_model(), "cpus": os.cpu_count(), "cpus_usable": len(os.sched_getaffinity(0)),
+        "cpu": cpu_model(), "cpus": os.cpu_count(), "cpus_usable": usable_cores(),
         "ram_gib": _mem_total_gib(), "platform": platform.platform(), "loadavg": list(os.getloadavg()),
         "versions": {"python": platform.python_version(), "numpy": _version("numpy"), "numba": _version("numba"),
                      "megacache": _version("megacache"), "megatron_core": _version("megatron-core"),

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from megacache.runtime.environment import usable_cores
+
 SEED = 1234
 SEQ_LENGTH = 4096
 VOCAB_SIZE = 32000
@@ -139,7 +141,7 @@ def tokenize(work: str, suite: Suite, factor: float) -> Case:
                                        documents=suite.tokenizer_documents, seed=12345, natural=True)
     # Units small enough that 8 ranks all get several (at factor 1 about one per shard).
     unit_bytes = max(1 << 16, nbytes // 32)
-    threads = len(os.sched_getaffinity(0))
+    threads = usable_cores()
     spec = _write_spec(work, {"corpus": corpus, "tokenizer": tokenizer, "threads": threads})
     return Case(
         params={"corpus_bytes": nbytes, "documents": documents, "vocab_size": VOCAB_SIZE,
