@@ -646,7 +646,7 @@ def build_parser() -> argparse.ArgumentParser:
     width = max(map(len, VARIABLES)) + 2
     described = "\n".join(f"  {name:<{width}}{text}" for name, text in VARIABLES.items())
     parser = _Parser(prog="megacache", description=f"{__doc__.strip()}\n\nEnvironment:\n{described}")
-    parser.add_argument("-V", "--version", action="version", version=f"megacache {_version()}")
+    parser.add_argument("-V", "--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add, run in ((_add_tokenize_args, _cmd_tokenize), (_add_build_args, _cmd_build), (_add_pack_args, _cmd_pack),
                      (_add_merge_args, _cmd_merge),
@@ -949,6 +949,22 @@ def _add_kernels_args(sub) -> argparse.ArgumentParser:
                                        "without numba's JIT (needs a C compiler); into $MEGACACHE_KERNEL_DIR, by default "
                                        "$XDG_CACHE_HOME/megacache/kernels, where builds look for them")
     return p
+
+
+class _Version(argparse.Action):
+    """``-V``: the installed version, looked up only when asked for: the lookup imports
+    ``importlib.metadata`` and searches ``sys.path``, which every rank's start would pay for."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show program's version number and exit"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            sys.stdout.write(f"megacache {_version()}\n")
+        except OSError:  # stdout's reader gone, as argparse's own version action allows
+            pass
+        parser.exit()
 
 
 def _version() -> str:

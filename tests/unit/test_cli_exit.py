@@ -81,6 +81,14 @@ def test_version_and_the_whole_description():
     assert "Exit status: 0 success; 2 bad input" in described and "``" not in described
 
 
+def test_the_parser_leaves_the_version_lookup_to_version():
+    # every rank builds the parser: the lookup (importlib.metadata, a search of sys.path) waits for -V
+    code = ("import sys\nfrom megacache.interfaces import cli\ncli.build_parser()\n"
+            "print('importlib.metadata' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout.strip()) == (0, "False"), done.stderr
+
+
 BUGGY = """
 import os, sys
 from megacache.interfaces import cli
