@@ -20,7 +20,7 @@ The fast kernel (used unless ``reference=True``) gives the same arrays with far 
   (at rate w) until it is picked. Below a *level* a little under the maximum, a slot cannot win
   until its error reaches the level, at a step known in advance (rounded early, so rounding
   never makes it late); it sleeps in a bucket queue until then. Each step scans only the awake
-  slots (a few dozen of a thousand), with vectorised passes: while one of them is at or above the
+  slots (a few dozen of a thousand), in one vectorised pass: while one of them is at or above the
   level, the maximum is theirs. When none is, the level drops and every slot is sorted afresh;
   so it is, with the level raised, every few thousand steps.
 """
@@ -45,6 +45,10 @@ _IMIN = np.int64(np.iinfo(np.int64).min)
 _IMAX = np.int64(np.iinfo(np.int64).max)
 _LOW63 = np.int64(0x7FFFFFFFFFFFFFFF)
 _NOCAND = np.int64(1) << 62  # sorts after every (dataset << 16 | position)
+# A tie-break key fits in the low 32 bits (datasets < 2^15, positions < 2^16) ...
+_LOW32 = np.int64(0xFFFFFFFF)
+# ... under the high bits of an error's key (truncating keys keeps their order)
+_HIGH = ~_LOW32
 # Relative slack that covers rounding in a slot's wake step (generous: 2^-46).
 _SLACK = 2.0**-46
 # Up to this many datasets the plain loop is as fast as anything.
@@ -194,11 +198,17 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
                     head[b] = g
                 g = later
         padded = (na + 31) & ~31
+        # One pass, two independent maxima: the exact key m, and the key's high bits packed
+        # with the complement of the tie-break key. A step that waited for m before looking for
+        # its holders would run two reductions one after the other.
         m = _IMIN
+        packed = _IMIN
         for j in range(padded):
             x = _key(aw[j] * t - ac[j])
             ak[j] = x
             m = x if x > m else m
+            y = (x & _HIGH) | (_LOW32 - (ab[j] & _LOW32))
+            packed = y if y > packed else packed
         if m < lkey:
             # a sleeping slot may hold the maximum: rebuild now, with a lower level
             spread *= 2.0
@@ -206,10 +216,15 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
             continue
         if i + 1 == rebuild:  # a whole period without that: try a higher level next
             spread = max(_SPREAD, spread * 0.5)
-        r = _NOCAND
-        for j in range(padded):
-            x = ab[j] if ak[j] == m else _NOCAND
-            r = x if x < r else r
+        # The packed maximum is the lowest tie-break key among the errors whose high bits are the
+        # largest. Its error is exactly m only if it is the answer: every error equal to m shares
+        # those high bits. Otherwise (errors within 2^32 ulps of each other) look again, exactly.
+        r = _LOW32 - (packed & _LOW32)
+        if ak[r & 0xFFFF] != m:
+            r = _NOCAND
+            for j in range(padded):
+                x = ab[j] if ak[j] == m else _NOCAND
+                r = x if x < r else r
         j = r & 0xFFFF
         g = ag[j]
         out_idx[i] = r >> 16

@@ -188,7 +188,9 @@ def test_random_blends_match_megatron(mcore, seed, cases, max_size, budget):
 
 def test_exact_tie_families(mcore):
     """Ties are decided by the exact float64 value of w*t - c: any fused multiply-add or other
-    rounding difference would show (equal, decimal and integer-ratio weights, long runs)."""
+    rounding difference would show (equal, decimal and integer-ratio weights, long runs). Weights
+    a few ulps apart, the larger after the smaller, make near ties the fast kernel's first look
+    gets wrong at almost every step (errors within 2^32 ulps), which its exact second look mends."""
     for raw, size in [
         ([1, 1, 1], 100_007),
         ([1] * 7, 100_003),
@@ -198,6 +200,8 @@ def test_exact_tie_families(mcore):
         ([1, 2, 3], 100_000),
         ([3, 1, 1, 2, 2, 1], 77_777),
         ([0.3] * 50 + [0.7] * 50, 100_000),
+        ([1, 1 + 2**-40, 0.5], 100_000),
+        ([1 + k * 2**-42 for k in range(50)], 100_000),
     ]:
         weights = blend_weights(raw)
         expected = mcore.blending(weights, size)
