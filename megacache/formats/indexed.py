@@ -11,6 +11,7 @@ each rank writes its own slice in place into a preallocated file.
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import shutil
@@ -28,6 +29,8 @@ from ..runtime.fsio import pread_into, pwrite_all, writing
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER_SIZE = 34  # 9 magic + 8 version + 1 dtype + 8 S + 8 C
+#: index entries this close together are read by one pread (a page)
+ENTRY_WINDOW = 4096
 
 #: Megatron's DType enum: code -> numpy dtype
 CODE_TO_DTYPE = {
@@ -146,12 +149,25 @@ def _layout_of(head: bytes, size: int, path: str) -> IndexLayout:
 
 
 def _spans(fd: int, lay: IndexLayout, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``IndexedDataset.span_bytes`` on an open ``.idx`` descriptor."""
-    def entry(offset: int, size: int) -> int:
-        return int.from_bytes(os.pread(fd, size, offset), "little", signed=True)
-
-    return [(entry(lay.pointers_offset + 8 * lo, 8),
-             entry(lay.pointers_offset + 8 * (hi - 1), 8) + entry(lay.lengths_offset + 4 * (hi - 1), 4) * lay.dtype.itemsize)
+    """``IndexedDataset.span_bytes`` on an open ``.idx`` descriptor. The entries are read by
+    neighbourhood, one pread for those within ``ENTRY_WINDOW`` bytes of each other: the ranges of
+    a split meet, so a three-way split needs about five reads, not nine."""
+    sizes = {}
+    for lo, hi in ranges:
+        sizes[lay.pointers_offset + 8 * lo] = sizes[lay.pointers_offset + 8 * (hi - 1)] = 8
+        sizes[lay.lengths_offset + 4 * (hi - 1)] = 4
+    entries = {}
+    offsets = sorted(sizes)
+    while offsets:
+        first = offsets[0]
+        # entries do not overlap, so sorted offsets end in order too: the near ones lead
+        near = list(itertools.takewhile(lambda o: o + sizes[o] - first <= ENTRY_WINDOW, offsets))
+        data = os.pread(fd, near[-1] + sizes[near[-1]] - first, first)
+        for o in near:
+            entries[o] = int.from_bytes(data[o - first : o - first + sizes[o]], "little", signed=True)
+        offsets = offsets[len(near):]
+    return [(entries[lay.pointers_offset + 8 * lo],
+             entries[lay.pointers_offset + 8 * (hi - 1)] + entries[lay.lengths_offset + 4 * (hi - 1)] * lay.dtype.itemsize)
             for lo, hi in ranges]
 
 

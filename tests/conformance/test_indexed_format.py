@@ -50,6 +50,24 @@ def test_random_datasets_equal_megatron_bytes(tmp_path, megatron, dtype):
         ours.read_lengths(3, len(ours) + 1)
 
 
+def test_span_bytes_match_megatrons_pointers(tmp_path, megatron):
+    # each range's bytes from its first sequence's pointer to its last one's end, whatever the
+    # ranges: neighbouring bounds (one read), far ones (pointers beyond a page apart), one sequence
+    rng = np.random.default_rng(11)
+    docs = [rng.integers(0, 30000, rng.integers(1, 40)) for _ in range(3000)]
+    write_dataset(str(tmp_path / "d"), docs, np.int32)
+    ours, theirs = IndexedDataset(str(tmp_path / "d")), megatron.IndexedDataset(str(tmp_path / "d"))
+    pointers, lengths = theirs.index.sequence_pointers, theirs.sequence_lengths
+    cuts = [[0, 1500, 2990, 3000], [0, 1, 2, 3000], [0, 2999, 3000], [0, 3000]]
+    cuts += [[0, *sorted(rng.choice(np.arange(1, 3000), k, replace=False).tolist()), 3000] for k in (3, 20)]
+    for bounds in cuts:
+        ranges = list(zip(bounds[:-1], bounds[1:]))
+        assert ours.span_bytes(ranges) == [(int(pointers[lo]), int(pointers[hi - 1] + 4 * lengths[hi - 1]))
+                                           for lo, hi in ranges], bounds
+    assert ours.span_bytes([(7, 2500), (100, 101)]) == [(int(pointers[7]), int(pointers[2499] + 4 * lengths[2499])),
+                                                       (int(pointers[100]), int(pointers[100] + 4 * lengths[100]))]
+
+
 def test_optimal_dtype_is_megatrons(megatron):
     for cardinality in (None, 0, 1, 255, 256, 65_499, 65_500, 65_535, 65_536, 128_256, 2**31):
         assert optimal_dtype(cardinality) == megatron.DType.optimal_dtype(cardinality), cardinality
