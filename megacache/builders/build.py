@@ -20,6 +20,7 @@ Order of work, chosen so that nothing is wasted and nothing partial is visible:
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import time
@@ -501,10 +502,28 @@ def _manifests(items: list, version: str) -> dict[str, dict]:
 
 def with_files(entries: dict[str, dict], items: list) -> dict[str, dict]:
     """``entries`` with each published item's files as they are now (size, modification time): a
-    later reuse check reads an array's header only where that changed (``damages_since``)."""
+    later reuse check reads an array's header only where that changed (``damages_since``). The
+    items are one directory's; there, the files are stat'ed by one ``file_states`` call (the
+    build's last step, on rank 0 while the others wait: a blend's twelve thousand ``os.stat``
+    calls cost it three times as long)."""
+    if not items or is_object_storage(items[0].entry.directory):
+        for item in items:
+            e = item.entry
+            entries[e.stem]["files"] = {what: size_and_time(e.path(what)) for what in e.names}
+        return entries
+    directory = items[0].entry.directory
+    names = [item.entry.file_name(what) for item in items for what in item.entry.names]
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        sizes, mtimes = file_states(fd, names)
+    finally:
+        os.close(fd)
+    if (sizes < 0).any():  # as os.stat says it
+        missing = os.path.join(directory, names[int(np.argmax(sizes < 0))])
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), missing)
+    states = iter(zip(sizes.tolist(), mtimes.tolist()))
     for item in items:
-        e = item.entry
-        entries[e.stem]["files"] = {what: size_and_time(e.path(what)) for what in e.names}
+        entries[item.entry.stem]["files"] = {what: list(next(states)) for what in item.entry.names}
     return entries
 
 
