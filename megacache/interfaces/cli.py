@@ -19,7 +19,6 @@ removes.
 from __future__ import annotations
 
 import argparse
-import difflib
 import gc
 import os
 import re
