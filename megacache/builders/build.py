@@ -37,7 +37,7 @@ from ..runtime.comm import Comm, get_comm
 from ..runtime.coordination import ALL, guarded, tidy
 from ..errors import CacheDamaged, FormatError, MegacacheError
 from ..formats.npy import NpyLayout, npy_header, read_npy_layout
-from ..runtime.file_states import file_states
+from ..runtime.file_states import directory_states
 from ..runtime.fsio import make_directories, write_atomic
 from ..runtime.log import LOG
 from ..runtime.object_storage import is_object_storage
@@ -287,7 +287,7 @@ def damages_since(items: list, stems: list[str], records: list) -> list[list[str
 def _as_recorded(items: list, stems: list[str], records: list) -> list[bool]:
     """Whether each item's files are as ``records`` saw them: one stat per file, by name within its
     directory, opened once (a path resolved for each file costs more), the files of a directory's
-    entries of one class in one ``file_states`` call."""
+    entries of one class in one ``directory_states`` call."""
     groups: dict[tuple[str, tuple[str, ...]], list[int]] = {}  # (directory, file kinds) -> items
     for i, item in enumerate(items):
         groups.setdefault((item.entry.directory, item.entry.names), []).append(i)
@@ -304,13 +304,9 @@ def _as_recorded(items: list, stems: list[str], records: list) -> list[bool]:
                     same[i] = _as_recorded([items[i]], [stems[i]], [records[i]])[0]
             continue
         try:
-            fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+            sizes, mtimes = directory_states(d, [f"{stems[i]}-{what}" for i in members for what in whats])
         except OSError:  # gone: ``damage`` says so, file by file
             continue
-        try:
-            sizes, mtimes = file_states(fd, [f"{stems[i]}-{what}" for i in members for what in whats])
-        finally:
-            os.close(fd)
         differs = (sizes != expected[:, 0]) | (mtimes != expected[:, 1])
         same[members] = ~differs.reshape(len(members), len(whats)).any(axis=1)
     return same.tolist()
@@ -503,9 +499,8 @@ def _manifests(items: list, version: str) -> dict[str, dict]:
 def with_files(entries: dict[str, dict], items: list) -> dict[str, dict]:
     """``entries`` with each published item's files as they are now (size, modification time): a
     later reuse check reads an array's header only where that changed (``damages_since``). The
-    items are one directory's; there, the files are stat'ed by one ``file_states`` call (the
-    build's last step, on rank 0 while the others wait: a blend's twelve thousand ``os.stat``
-    calls cost it three times as long)."""
+    items are one directory's; there, the files are stat'ed by one ``directory_states`` call, as the
+    reuse check reads them (the build's last step, on rank 0 while the others wait)."""
     if not items or is_object_storage(items[0].entry.directory):
         for item in items:
             e = item.entry
@@ -513,11 +508,7 @@ def with_files(entries: dict[str, dict], items: list) -> dict[str, dict]:
         return entries
     directory = items[0].entry.directory
     names = [item.entry.file_name(what) for item in items for what in item.entry.names]
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        sizes, mtimes = file_states(fd, names)
-    finally:
-        os.close(fd)
+    sizes, mtimes = directory_states(directory, names)
     if (sizes < 0).any():  # as os.stat says it
         missing = os.path.join(directory, names[int(np.argmax(sizes < 0))])
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), missing)

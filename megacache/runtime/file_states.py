@@ -61,6 +61,16 @@ def file_states(directory_fd: int, names: list[str]) -> tuple[np.ndarray, np.nda
     return sizes, mtimes
 
 
+def directory_states(directory: str, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``file_states`` of names in ``directory``, opened for the call (an OSError where it cannot
+    be: gone, not a directory)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        return file_states(fd, names)
+    finally:
+        os.close(fd)
+
+
 def file_states_reference(directory_fd: int, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """``file_states`` through ``os.stat``."""
     states = []
