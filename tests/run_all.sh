@@ -83,7 +83,12 @@ tier "slow tests, compiled kernels" python -m pytest -q -rs -p no:cacheprovider 
 # Each MPI tier checks that its world has the ranks launched, and fails on a skipped MPI test.
 for n in 2 3; do
   export MEGACACHE_TEST_RANKS=$n
-  tier "MPI tests on $n ranks" mpiexec -n "$n" python -m pytest -q -p no:cacheprovider --only-mpi --ignore=tests/cluster tests
+  # each rank's pytest under a temporary root of its own: in a shared one, every rank's end tidies
+  # the same numbered directories and links, and one rank's cleanup removes what another's is
+  # removing (FileNotFoundError after every test passed)
+  tier "MPI tests on $n ranks" mpiexec -n "$n" sh -c 'exec python -m pytest -q -p no:cacheprovider \
+    --basetemp "${TMPDIR:-/tmp}/megacache-pytest-rank-${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}" \
+    --only-mpi --ignore=tests/cluster tests'
 done
 unset MEGACACHE_TEST_RANKS
 # The cluster tier: a GlusterFS volume and two emulated nodes (Linux namespaces), 2 MPI ranks on
