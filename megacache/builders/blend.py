@@ -19,7 +19,7 @@ from ..algorithms.blend_kernels import blend_chunk, build_exhaustive_blending_in
 from ..algorithms.blend_sizes import find_oversampling, normalize, unweighted_blend_size
 from ..runtime.comm import Comm
 from ..errors import MegacacheError
-from ..formats.npy import NpyWriter
+from ..formats.npy import NpyWriter, open_memmap
 from ..runtime.fsio import Staging, make_directories, sync_filesystems
 from ..runtime.progress import Progress
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
@@ -164,7 +164,7 @@ class BlendFiles:
 
         @contextmanager
         def rows():
-            idx, sidx = (np.lib.format.open_memmap(self.paths[w], mode="r+") for w in BLEND_ARRAYS)
+            idx, sidx = (open_memmap(self.paths[w]) for w in BLEND_ARRAYS)
             yield idx[s0:s1], sidx[s0:s1]
             idx.flush()
             sidx.flush()
@@ -243,7 +243,7 @@ class Blending:
     def _whole(self, b: BlendTask) -> np.ndarray:
         if b.weights is not None:
             return self.files[b.index].rows(0, b.size, None)
-        idx, sidx = (np.lib.format.open_memmap(self.tmp[b.index, what], mode="r+") for what in BLEND_ARRAYS)
+        idx, sidx = (open_memmap(self.tmp[b.index, what]) for what in BLEND_ARRAYS)
         idx[:], sidx[:] = build_exhaustive_blending_indices(b.lengths)
         idx.flush()
         sidx.flush()

@@ -49,7 +49,7 @@ from ..megatron.cache import SPLIT_NAMES, CacheEntry, gpt_identifiers
 from .config import BuildConfig
 from .publish import publish_entries, write_description
 from ..formats.indexed import IndexedDataset, idx_path
-from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_image
+from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_image, open_memmap
 from ..runtime.fsio import Staging, sync_filesystems, write_new_file, writing
 from ..runtime.object_storage import download, is_object_storage, local_copy
 from ..runtime.progress import Progress
@@ -472,7 +472,7 @@ class GPTBuild:
         else:
             path = self.staging.path(final)
             NpyWriter.create(path, dtype, shape)
-            out = np.lib.format.open_memmap(path, mode="r+")
+            out = open_memmap(path)
             yield out
             out.flush()
 

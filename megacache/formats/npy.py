@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import NamedTuple
@@ -173,13 +174,34 @@ class NpyLayout(NamedTuple):
         return f"{self.file_size:,} bytes, its header says {expected:,}"
 
 
+#: numpy parses a header with ``ast.literal_eval``, and CPython 3.11's parser keeps its recursion
+#: depth in state the interpreter's threads share: two threads parsing at once can fail with
+#: "SystemError: AST constructor recursion depth mismatch". A build opens arrays on several
+#: threads (the index pool, the blend), so every header is parsed under this lock.
+_PARSING = threading.Lock()
+
+
+def read_header(f) -> tuple[tuple[int, ...], bool, np.dtype]:
+    """``(shape, fortran_order, dtype)`` from the ``.npy`` header at ``f``'s position (numpy's
+    readers, under ``_PARSING``); a ValueError where there is none."""
+    with _PARSING:
+        version = np.lib.format.read_magic(f)
+        read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        return read(f)
+
+
+def open_memmap(path: str) -> np.memmap:
+    """An existing ``.npy`` file memory-mapped for writing (``numpy.lib.format.open_memmap``, under
+    ``_PARSING``)."""
+    with _PARSING:
+        return np.lib.format.open_memmap(path, mode="r+")
+
+
 def read_npy_layout(path: str) -> NpyLayout:
     """An ``.npy`` file's header, without reading its array."""
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            shape, _, dtype = read(f)
+            shape, _, dtype = read_header(f)
             offset = f.tell()
             size = os.fstat(f.fileno()).st_size
     except (ValueError, OSError) as exc:
@@ -190,6 +212,7 @@ def read_npy_layout(path: str) -> NpyLayout:
 def load_npy(path: str, mmap: bool = True) -> np.ndarray:
     """Open a cache array without ever unpickling (``allow_pickle=False``)."""
     try:
-        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+        with _PARSING:
+            return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError) as exc:
         raise FormatError(f"{path}: not a readable .npy array ({exc})") from None

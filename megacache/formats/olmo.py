@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import FormatError
 from ..runtime.fsio import writing
+from .npy import read_header
 
 SUFFIX = ".npy"
 #: the widths megacache reads and writes, by name (the CLI's --dtype)
@@ -71,9 +72,7 @@ def _has_numpy_header(path: str) -> bool:
             return False
         f.seek(0)
         try:
-            version = np.lib.format.read_magic(f)
-            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
-            read(f)
+            read_header(f)
         except ValueError:
             return False
     return True
