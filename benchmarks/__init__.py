@@ -16,6 +16,8 @@ Run from the repository root::
     python -m benchmarks prepare --megatron-lm VERSION=TREE ... --python PY [--only WORKLOAD ...] [--factor F ...]
                                  [--readme README.md]   # against Megatron-LM's tools/prepare_cache.py (prepare.py)
     python -m benchmarks.prepare report [--results FILE] [--readme README.md]  # PREPARE.md (+ the README's table)
+    python -m benchmarks ab REV_A REV_B [--workload W] [--factor F] [--ranks P] [--pairs N]  # two commits of
+                                  # megacache on one build, alternating (ab.py)
     python -m benchmarks.sft_pack [--examples N] [--ranks P] [--workers W] [--repeats N]  # against Megatron-Bridge's
                                   # packed SFT preparation (sft_pack.py)
     python -m benchmarks.object_storage [--megabytes MB] [--ranks P] [--repeats N]  # tokenize and build from

@@ -89,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ranks", type=int, default=2, help="megacache ranks (default 2)")
     p.add_argument("--repeats", type=int, default=3, help="runs of each; medians are reported (default 3)")
     p.add_argument("--results", help="JSON-lines file to append to (default benchmarks/results/floor.jsonl)")
+    p = sub.add_parser("ab", help="two commits of megacache on one build, alternating: whether a change made it "
+                                  "faster (see benchmarks/ab.py)")
+    p.add_argument("revisions", nargs=2, metavar="REV", help="two commits of this checkout (hash, branch, tag): A, "
+                                                             "then B")
+    p.add_argument("--workload", choices=("build_blend", "build_gpt"), default="build_blend")
+    p.add_argument("--suite", choices=list(SUITES), default="full", help="whose workload sizes (default full)")
+    p.add_argument("--factor", type=float, default=1.0, help="size factor, 1 = the issue's sizes")
+    p.add_argument("--ranks", type=int, default=2, help="megacache ranks (default 2)")
+    p.add_argument("--pairs", type=int, default=6, help="pairs of runs; medians are reported (default 6)")
+    p.add_argument("--results", default=os.path.join("benchmarks", "results", "ab.jsonl"))
     args = ap.parse_args(argv)
 
     try:
@@ -157,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error("--megatron-lm takes VERSION=TREE words; --repeats and --ranks must be at least 1")
             prepare.run(trees, args.python, args.only, args.factor, args.ranks, args.repeats, args.results)
             print("wrote " + ", ".join(prepare.write_report(args.results, args.readme)))
+        elif args.command == "ab":
+            from . import ab
+
+            if args.pairs < 1 or args.ranks < 1:
+                ap.error("--pairs and --ranks must be at least 1")
+            print(ab.summary(ab.compare(tuple(args.revisions), args.workload, args.suite, args.factor, args.ranks,
+                                        args.pairs, args.results)))
         elif args.command == "start-report":
             from . import report
 

@@ -50,9 +50,11 @@ def _phases(stdout: str) -> dict[str, float]:
 
 
 def run_program(module_args: list[str], ranks: int | None, work: str, phases: bool = True,
-                python: str = sys.executable, env: dict | None = None, durable: bool = False) -> dict:
+                python: str = sys.executable, env: dict | None = None, durable: bool = False,
+                tree: str | None = None) -> dict:
     """``python -m MODULE ARGS`` (or ``python SCRIPT.py ARGS``) through the probe, under ``mpiexec -n
-    ranks`` (None: plainly, one process), after a ``sync``; ``env`` added to the environment. Wall
+    ranks`` (None: plainly, one process), after a ``sync``; ``env`` added to the environment; with
+    ``tree``, the ``megacache`` package in that directory instead of this checkout's. Wall
     seconds from outside, with ``durable`` until a ``sync`` after the process has made its output
     durable; ``phases`` as the program reports them plus ``other`` (the wall time they do not cover;
     all of it for a program that reports none, ``phases=False``); per-rank peak RSS, CPU seconds and
@@ -64,12 +66,13 @@ def run_program(module_args: list[str], ranks: int | None, work: str, phases: bo
         # so oversubscribed ranks do not spin against each other.
         cmd = ["mpiexec", "-n", str(ranks), *cmd]
     env = {**os.environ, **(env or {})}
-    env.update(PYTHONPATH=os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")])), PYTHONWARNINGS="ignore")
+    # ``python -m`` puts its working directory first on the path: the tree's, where there is one.
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [tree, ROOT, env.get("PYTHONPATH")])), PYTHONWARNINGS="ignore")
     # Each side starts with nothing left to write back: megacache syncs its outputs before it
     # publishes them, and would otherwise also flush what the run before it left dirty.
     os.sync()
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tree or ROOT, check=False)
     if durable:
         os.sync()
     wall = time.perf_counter() - t0
@@ -118,10 +121,10 @@ def output_names(directory: str) -> list[str]:
 
 def same_outputs(ours: str, theirs: str, extra: tuple[str, ...] = ()) -> int:
     """Same file names, same bytes, or a failure naming the files; the bytes compared. megacache's
-    state directory beside its outputs is its own, and so are the ``extra`` files it writes where
-    the reference does not; any other extra file is a failure, and so is a reference that wrote
-    nothing."""
-    names = sorted(os.listdir(theirs))
+    state directory beside either side's outputs is no output, and ``extra`` files are those
+    megacache writes where the reference does not; any other extra file is a failure, and so is a
+    reference that wrote nothing."""
+    names = output_names(theirs)
     mine = [n for n in output_names(ours) if n not in extra]
     if mine != names:
         raise BenchmarkFailure(f"output file names differ:\n  megacache {mine}\n  reference {names}")

@@ -109,7 +109,7 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
             reference.append(run_program(case.reference(theirs), None, work))
             if outputs is None:  # the same files every repeat
                 outputs = describe_outputs(theirs)
-                _check_space(work, outputs, (repeats - 1) * (1 + len(ranks)) + len(ranks))
+                check_space(work, outputs, (repeats - 1) * (1 + len(ranks)) + len(ranks))
             _progress(rep, "reference", reference[-1])
             for p in ranks:
                 mine = os.path.join(work, f"megacache-out-{rep}-{p}")
@@ -140,7 +140,7 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
             "megacache": {str(p): {"runs": ours[p], "median": rows[p]} for p in ranks}}
 
 
-def _check_space(work: str, outputs: dict, outputs_left: int) -> None:
+def check_space(work: str, outputs: dict, outputs_left: int) -> None:
     """Fail now, not minutes into a later run, when the outputs still to come will not fit: those
     of many files are kept until the workload ends (see ``_release``)."""
     size = outputs["bytes"]

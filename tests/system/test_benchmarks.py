@@ -2,6 +2,7 @@
 tiny size, P = 1 and 2 under real mpiexec, megatron-core beside megacache, outputs compared byte for
 byte) writes its JSON lines, plots and table, and the projection is computed from them; the start
 suite (``--suite start-smoke``) measures training's start on 2 gloo ranks and writes its table;
+``benchmarks ab`` times two commits of megacache alternately from copies of their own;
 ``benchmarks.sft_pack`` times megacache pack and Megatron-Bridge alternately, their bytes compared;
 ``benchmarks.object_storage`` times tokenize and build from moto's S3 server beside local disk, with
 the requests and bytes its proxy counts."""
@@ -227,6 +228,30 @@ def test_start_suite_measures_each_rank_and_writes_its_table(tmp_path):
     c1 = record["configs"]["c"]["median"]["ranks"][1]
     assert "| (c) megacache's cache, fast load | " in text and f"{c1['data_s']:.2f} s ({c1['whole_s']:.1f} s)" in text
     assert re.search(r"\(a\) / \(c\) on the waiting rank \(rank 1\): \*\*\d+x\*\*", text), text
+
+
+def test_ab_runs_two_commits_alternating_from_their_own_copies(tmp_path):
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    output, [record] = benchmark(tmp_path, "benchmarks", "ab", "HEAD", head, "--suite", "smoke", "--factor", "2e-4",
+                                 "--pairs", "2")
+    assert (record["a"]["rev"], record["b"]["rev"]) == ("HEAD", head)
+    assert record["a"]["commit"] == record["b"]["commit"] == head
+    assert record["sequence"] == ["a", "b", "b", "a"] and record["pairs"] == 2 and record["ranks"] == 2
+    assert record["compared_bytes"] > 0 and record["machine"]["cpus_usable"] >= 1
+    for side in "ab":
+        runs = record[side]["runs"]
+        assert len(runs) == 2 and all(r["wall_s"] > 0 and len(r["cpu_s"]) == 2 for r in runs), runs
+        assert record[side]["median"]["wall_s"] == sorted(r["wall_s"] for r in runs)[0] / 2 + sorted(
+            r["wall_s"] for r in runs)[1] / 2
+    assert record["b_over_a_wall"] == record["b"]["median"]["wall_s"] / record["a"]["median"]["wall_s"]
+    assert re.search(r"B/A: wall [0-9.]+, CPU [0-9.]+; B faster in [0-2] of 2 pairs", output), output
+
+
+def test_ab_refuses_a_revision_that_names_no_commit(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "benchmarks", "ab", "HEAD", "no-such-revision-here", "--results",
+                          str(tmp_path / "ab.jsonl")], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 1 and not (tmp_path / "ab.jsonl").exists()
+    assert "'no-such-revision-here' names no commit of" in run.stderr, run.stderr
 
 
 @pytest.mark.slow

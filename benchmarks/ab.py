@@ -1,0 +1,158 @@
+"""Two commits of megacache on one build, alternating: whether a change made it faster.
+
+    python -m benchmarks ab REV_A REV_B [--workload build_blend] [--factor F] [--suite full]
+                                        [--ranks P] [--pairs N] [--results FILE]
+
+Each commit's ``megacache`` package (``git archive``) is unpacked into a directory of its own, its
+bytecode written and its kernels compiled for this CPU, as an installed copy runs, and warmed up
+once on the smoke size. The workload (``workloads``) becomes the training command of
+``prepare.COMMAND`` given to ``megacache build --megatron-version 0.20``, as the comparison with
+prepare_cache.py runs it, and each side runs it in turn as whole processes under ``mpiexec -n P``,
+each after a sync and timed until its output is durable (``harness.run_program``).
+
+The order alternates, A B then B A: run in one fixed order, the second of each pair was a few
+percent faster on this project's VM in runs of one tree against itself. The two commits' first
+outputs are compared byte for byte: a change that alters the caches is not judged by its speed.
+Every output is kept until the end (``suite._release`` says why), so the free space is checked
+after the first pair.
+
+One JSON line per comparison in ``benchmarks/results/ab.jsonl``: both commits, every run, the
+medians, and B's median wall and CPU time over A's.
+"""
+
+from __future__ import annotations
+
+import compileall
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, machine_info, run_program,
+                      same_outputs, summarize)
+
+AB_RESULTS = os.path.join(ROOT, "benchmarks", "results", "ab.jsonl")
+WORKLOADS = ("build_blend", "build_gpt")
+SIDES = ("a", "b")
+
+
+def resolve(rev: str) -> str:
+    """The full hash of the commit ``rev`` names in this checkout."""
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=ROOT,
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        raise BenchmarkFailure(f"{rev!r} names no commit of {ROOT}: give a commit, branch or tag (git rev-parse)")
+    return found.stdout.strip()
+
+
+def unpack(commit: str, into: str) -> None:
+    """The commit's ``megacache`` package unpacked into the new directory ``into``, compiled to
+    bytecode and its kernels for this CPU."""
+    archive = subprocess.run(["git", "archive", commit, "megacache"], cwd=ROOT, capture_output=True, check=True)
+    os.makedirs(into)
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(into, filter="data")
+    compileall.compile_dir(os.path.join(into, "megacache"), quiet=1)
+    # What the runs will import (``run_program``'s path and directory): this copy, not an installed one.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([into, ROOT])}
+    imported = subprocess.run([sys.executable, "-c", "import megacache; print(megacache.__file__)"], cwd=into,
+                              capture_output=True, text=True, env=env).stdout.strip()
+    if os.path.dirname(os.path.dirname(imported)) != into:
+        raise BenchmarkFailure(f"{commit[:12]}: the runs would import megacache from {imported or 'nowhere'}, not "
+                               f"from its copy in {into}")
+    kernels = subprocess.run([sys.executable, "-m", "megacache", "kernels"], cwd=into, capture_output=True,
+                             text=True, env=env)
+    if kernels.returncode != 0:
+        raise BenchmarkFailure(f"megacache kernels of {commit[:12]} failed:\n{kernels.stderr[-2000:]}")
+
+
+def command(case, out: str) -> list[str]:
+    """``megacache build`` given the training command the comparison with prepare_cache.py gives."""
+    from .prepare import COMMAND
+
+    return ["megacache", "build", *case.data_flags, *case.flags, *COMMAND, "--megatron-version", "0.20",
+            "--data-cache-path", out]
+
+
+def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float, ranks: int, pairs: int,
+            results: str) -> dict:
+    """``pairs`` pairs of runs of the two commits, alternating; the record appended to ``results``."""
+    from .suite import check_space
+    from .workloads import SUITES, WORKLOADS as CASES
+
+    machine = machine_info()
+    commits = {side: resolve(rev) for side, rev in zip(SIDES, revs)}
+    base = tempfile.mkdtemp(prefix="megacache-bench-ab-")
+    keep = False
+    try:
+        trees = {side: os.path.join(base, f"tree-{side}") for side in SIDES}
+        for side in SIDES:
+            unpack(commits[side], trees[side])
+        for side in SIDES:  # numba's first call of a JIT signature compiles it: in no measurement
+            _warm_up(trees[side], os.path.join(base, f"warm-{side}"))
+        work = os.path.join(base, "work")
+        os.makedirs(work)
+        case = CASES[workload](work, SUITES[suite_name], factor)
+        runs: dict[str, list[dict]] = {side: [] for side in SIDES}
+        sequence: list[str] = []
+        compared = 0
+        for pair in range(pairs):
+            for side in SIDES if pair % 2 == 0 else SIDES[::-1]:
+                sequence.append(side)
+                out = os.path.join(work, f"{side}-{pair}")
+                os.makedirs(out)
+                runs[side].append(run_program(command(case, out), ranks, work, tree=trees[side], durable=True))
+                r = runs[side][-1]
+                print(f"  pair {pair + 1} {side.upper()} {commits[side][:12]}: {r['wall_s']:.2f} s, "
+                      f"CPU {sum(r['cpu_s']):.2f} s", flush=True)
+            if pair == 0:
+                compared = same_outputs(os.path.join(work, "b-0"), os.path.join(work, "a-0"))
+                check_space(work, describe_outputs(os.path.join(work, "a-0")), 2 * (pairs - 1))
+    except BenchmarkFailure as exc:
+        keep = True
+        raise BenchmarkFailure(f"{exc}\n(kept in {base})") from None
+    finally:
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)
+    medians = {side: summarize(runs[side]) for side in SIDES}
+    record = {
+        "benchmark": "ab", "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine, "workload": workload,
+        "suite": suite_name, "factor": factor, "params": case.params, "ranks": ranks, "pairs": pairs,
+        "sequence": sequence, "compared_bytes": compared,
+        **{side: {"rev": rev, "commit": commits[side], "runs": runs[side], "median": medians[side]}
+           for side, rev in zip(SIDES, revs)},
+        "b_over_a_wall": medians["b"]["wall_s"] / medians["a"]["wall_s"],
+        "b_over_a_cpu": medians["b"]["cpu_s"] / medians["a"]["cpu_s"],
+        "pairs_b_faster": sum(b["wall_s"] < a["wall_s"] for a, b in zip(runs["a"], runs["b"])),
+    }
+    append_record(results, record)
+    return record
+
+
+def _warm_up(tree: str, work: str) -> None:
+    from .workloads import SUITES, WORKLOADS as CASES
+
+    os.makedirs(work)
+    smoke = SUITES["smoke"]
+    case = CASES["build_blend"](work, smoke, smoke.factor)
+    out = os.path.join(work, "out")
+    os.makedirs(out)
+    run_program(command(case, out), 1, work, tree=tree)
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def summary(record: dict) -> str:
+    a, b = record["a"], record["b"]
+    walls = {side: [r["wall_s"] for r in record[side]["runs"]] for side in SIDES}
+    return (f"{record['workload']} factor {record['factor']:g}, P = {record['ranks']}, {record['pairs']} pairs "
+            f"alternating, outputs identical ({record['compared_bytes'] / 2**20:.1f} MiB):\n"
+            f"  A {a['rev']} ({a['commit'][:12]}): median {a['median']['wall_s']:.3f} s, CPU {a['median']['cpu_s']:.2f} s"
+            f" (runs {', '.join(f'{w:.2f}' for w in walls['a'])})\n"
+            f"  B {b['rev']} ({b['commit'][:12]}): median {b['median']['wall_s']:.3f} s, CPU {b['median']['cpu_s']:.2f} s"
+            f" (runs {', '.join(f'{w:.2f}' for w in walls['b'])})\n"
+            f"  B/A: wall {record['b_over_a_wall']:.3f}, CPU {record['b_over_a_cpu']:.3f}; B faster in "
+            f"{record['pairs_b_faster']} of {record['pairs']} pairs")
