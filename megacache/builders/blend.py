@@ -29,7 +29,6 @@ from .publish import publish_entries, write_description
 from .scheduling import even_slice, largest_first
 
 
-
 #: a blend's arrays and their dtypes (each one sample long)
 BLEND_ARRAYS = {"dataset_index.npy": np.dtype(np.int16), "dataset_sample_index.npy": np.dtype(np.int64)}
 

@@ -45,7 +45,6 @@ from ..runtime.progress import BYTES, Progress, quiet
 from .inspection import count_blend, in_order, list_cache, read_entry, split_range, tokenizer_note
 
 
-
 def verify_dataset(prefix: str, vocab_size: int | None = None, check_tokens: bool = True) -> list[str]:
     """Every problem found (empty when the dataset is sound). Each names the file and the element.
     A dataset in a bucket is read where it is (``IndexCopies``)."""

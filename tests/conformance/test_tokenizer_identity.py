@@ -55,7 +55,6 @@ MEGATRON_DEFAULTS = dict(
 )
 
 
-
 def ours(flags: dict) -> dict:
     return tokenizer_identifiers(megatron_version="0.16", **flags)
 

@@ -145,10 +145,6 @@ def tokenize_workload(tmp) -> tuple[Workload, dict[str, bytes]]:
     return wl, reference
 
 
-
-
-
-
 def gpt_workload(tmp) -> tuple[Workload, dict[str, bytes]]:
     rng = np.random.default_rng(5)
     prefix = str(tmp / "big")
