@@ -5,10 +5,10 @@
 
 Each commit's ``megacache`` package (``git archive``) is unpacked into a directory of its own, its
 bytecode written and its kernels compiled for this CPU, as an installed copy runs, and warmed up
-once on the smoke size. The workload (``workloads``) becomes the training command of
-``prepare.COMMAND`` given to ``megacache build --megatron-version 0.20``, as the comparison with
-prepare_cache.py runs it, and each side runs it in turn as whole processes under ``mpiexec -n P``,
-each after a sync and timed until its output is durable (``harness.run_program``).
+once on the smoke size (``suite.warm_up``). The workload (``workloads``) becomes the training
+command of ``prepare.COMMAND`` given to ``megacache build --megatron-version 0.20``, as the
+comparison with prepare_cache.py runs it, and each side runs it in turn as whole processes under
+``mpiexec -n P``, each after a sync and timed until its output is durable (``harness.run_program``).
 
 The order alternates, A B then B A: run in one fixed order, the second of each pair was a few
 percent faster on this project's VM in runs of one tree against itself. The two commits' first
@@ -36,7 +36,6 @@ from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, m
                       same_outputs, summarize)
 
 AB_RESULTS = os.path.join(ROOT, "benchmarks", "results", "ab.jsonl")
-WORKLOADS = ("build_blend", "build_gpt")
 SIDES = ("a", "b")
 
 
@@ -81,7 +80,7 @@ def command(case, out: str) -> list[str]:
 def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float, ranks: int, pairs: int,
             results: str) -> dict:
     """``pairs`` pairs of runs of the two commits, alternating; the record appended to ``results``."""
-    from .suite import check_space
+    from .suite import check_space, warm_up
     from .workloads import SUITES, WORKLOADS as CASES
 
     machine = machine_info()
@@ -92,8 +91,8 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
         trees = {side: os.path.join(base, f"tree-{side}") for side in SIDES}
         for side in SIDES:
             unpack(commits[side], trees[side])
-        for side in SIDES:  # numba's first call of a JIT signature compiles it: in no measurement
-            _warm_up(trees[side], os.path.join(base, f"warm-{side}"))
+        for side in SIDES:
+            warm_up(workload, trees[side])
         work = os.path.join(base, "work")
         os.makedirs(work)
         case = CASES[workload](work, SUITES[suite_name], factor)
@@ -133,26 +132,15 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
     return record
 
 
-def _warm_up(tree: str, work: str) -> None:
-    from .workloads import SUITES, WORKLOADS as CASES
-
-    os.makedirs(work)
-    smoke = SUITES["smoke"]
-    case = CASES["build_blend"](work, smoke, smoke.factor)
-    out = os.path.join(work, "out")
-    os.makedirs(out)
-    run_program(command(case, out), 1, work, tree=tree)
-    shutil.rmtree(work, ignore_errors=True)
-
-
 def summary(record: dict) -> str:
-    a, b = record["a"], record["b"]
-    walls = {side: [r["wall_s"] for r in record[side]["runs"]] for side in SIDES}
-    return (f"{record['workload']} factor {record['factor']:g}, P = {record['ranks']}, {record['pairs']} pairs "
-            f"alternating, outputs identical ({record['compared_bytes'] / 2**20:.1f} MiB):\n"
-            f"  A {a['rev']} ({a['commit'][:12]}): median {a['median']['wall_s']:.3f} s, CPU {a['median']['cpu_s']:.2f} s"
-            f" (runs {', '.join(f'{w:.2f}' for w in walls['a'])})\n"
-            f"  B {b['rev']} ({b['commit'][:12]}): median {b['median']['wall_s']:.3f} s, CPU {b['median']['cpu_s']:.2f} s"
-            f" (runs {', '.join(f'{w:.2f}' for w in walls['b'])})\n"
-            f"  B/A: wall {record['b_over_a_wall']:.3f}, CPU {record['b_over_a_cpu']:.3f}; B faster in "
-            f"{record['pairs_b_faster']} of {record['pairs']} pairs")
+    """What one comparison found, for the terminal."""
+    lines = [f"{record['workload']} factor {record['factor']:g}, P = {record['ranks']}, {record['pairs']} pairs "
+             f"alternating, outputs identical ({record['compared_bytes'] / 2**20:.1f} MiB):"]
+    for side in SIDES:
+        s = record[side]
+        walls = ", ".join(f"{r['wall_s']:.2f}" for r in s["runs"])
+        lines.append(f"  {side.upper()} {s['rev']} ({s['commit'][:12]}): median {s['median']['wall_s']:.3f} s, "
+                     f"CPU {s['median']['cpu_s']:.2f} s (runs {walls})")
+    lines.append(f"  B/A: wall {record['b_over_a_wall']:.3f}, CPU {record['b_over_a_cpu']:.3f}; B faster in "
+                 f"{record['pairs_b_faster']} of {record['pairs']} pairs")
+    return "\n".join(lines)

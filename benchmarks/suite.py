@@ -73,20 +73,22 @@ def installed() -> None:
         compileall.compile_dir(os.path.join(ROOT, package), quiet=1)
 
 
-def warm_up(name: str) -> None:
+def warm_up(name: str, tree: str | None = None) -> None:
     """``installed``, then megacache run once on the smoke-sized case of workload ``name``,
     unmeasured: numba compiles a kernel on its first call after a change and caches it, and that
-    compile (seconds) belongs to no measurement (megatron-core's helpers come prebuilt)."""
+    compile (seconds) belongs to no measurement (megatron-core's helpers come prebuilt). With
+    ``tree``, the copy of megacache there (``ab.unpack`` installs it) instead of this checkout's."""
     from .workloads import SUITES
 
-    installed()
+    if tree is None:
+        installed()
     work = tempfile.mkdtemp(prefix=f"megacache-warm-{name}-")
     try:
         smoke = SUITES["smoke"]
         case = WORKLOADS[name](work, smoke, smoke.factor)
         out = os.path.join(work, "out")
         os.makedirs(out)
-        run_program(case.megacache(out), 1, work)
+        run_program(case.megacache(out), 1, work, tree=tree)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
