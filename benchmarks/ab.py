@@ -69,17 +69,10 @@ def unpack(commit: str, into: str) -> None:
         raise BenchmarkFailure(f"megacache kernels of {commit[:12]} failed:\n{kernels.stderr[-2000:]}")
 
 
-def command(case, out: str) -> list[str]:
-    """``megacache build`` given the training command the comparison with prepare_cache.py gives."""
-    from .prepare import COMMAND
-
-    return ["megacache", "build", *case.data_flags, *case.flags, *COMMAND, "--megatron-version", "0.20",
-            "--data-cache-path", out]
-
-
 def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float, ranks: int, pairs: int,
             results: str) -> dict:
     """``pairs`` pairs of runs of the two commits, alternating; the record appended to ``results``."""
+    from .prepare import megacache_build, training_command
     from .suite import check_space, warm_up
     from .workloads import SUITES, WORKLOADS as CASES
 
@@ -104,7 +97,8 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
                 sequence.append(side)
                 out = os.path.join(work, f"{side}-{pair}")
                 os.makedirs(out)
-                runs[side].append(run_program(command(case, out), ranks, work, tree=trees[side], durable=True))
+                runs[side].append(run_program(megacache_build(training_command(case), "0.20", out), ranks, work,
+                                              tree=trees[side], durable=True))
                 r = runs[side][-1]
                 print(f"  pair {pair + 1} {side.upper()} {commits[side][:12]}: {r['wall_s']:.2f} s, "
                       f"CPU {sum(r['cpu_s']):.2f} s", flush=True)

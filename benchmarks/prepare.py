@@ -51,6 +51,16 @@ COMMAND = shlex.split("""
 MARKERS = ("<!-- prepare table: start -->", "<!-- prepare table: end -->")
 
 
+def training_command(case) -> list[str]:
+    """The words both sides are given: the workload's data flags amid the rest of a training command."""
+    return [*case.data_flags, *case.flags, *COMMAND]
+
+
+def megacache_build(command: list[str], version: str, out: str) -> list[str]:
+    """``megacache build`` of a training command for Megatron ``version``, its caches in ``out``."""
+    return ["megacache", "build", *command, "--megatron-version", version, "--data-cache-path", out]
+
+
 def helpers_env(python: str) -> dict:
     """What prepare_cache.py's own ``make`` of the C++ dataset helpers needs for ``python``: its
     ``python3`` first on the path (pybind11's includes) and its extension suffix (the Makefile asks
@@ -80,7 +90,7 @@ def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks:
     keep = False
     try:
         case = CASES[name](work, SUITES["full"], factor)
-        command = [*case.data_flags, *case.flags, *COMMAND]
+        command = training_command(case)
         env = {**helpers_env(python), "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         runs = {version: {"reference": [], "megacache": []} for version in trees}
         compared = {version: 0 for version in trees}
@@ -94,7 +104,7 @@ def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks:
                      theirs, "--num-dataset-builder-threads", str(threads)], None, work, phases=False,
                     python=python, env={**env, "PYTHONPATH": tree}, durable=True))
                 runs[version]["megacache"].append(run_program(
-                    ["megacache", "build", *command, "--megatron-version", version, "--data-cache-path", mine],
+                    megacache_build(command, version, mine),
                     ranks, work, durable=True))
                 compared[version] += same_outputs(mine, theirs, extra=(FILE_NAME,))
                 outputs = outputs or describe_outputs(theirs)
