@@ -25,15 +25,14 @@ from __future__ import annotations
 import compileall
 import io
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
 
-from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, machine_info, run_program,
-                      same_outputs, summarize)
+from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, kept_on_failure, machine_info,
+                      run_program, same_outputs, summarize)
 
 AB_RESULTS = os.path.join(ROOT, "benchmarks", "results", "ab.jsonl")
 SIDES = ("a", "b")
@@ -78,9 +77,7 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
 
     machine = machine_info()
     commits = {side: resolve(rev) for side, rev in zip(SIDES, revs)}
-    base = tempfile.mkdtemp(prefix="megacache-bench-ab-")
-    keep = False
-    try:
+    with kept_on_failure(tempfile.mkdtemp(prefix="megacache-bench-ab-"), "the trees and the outputs") as base:
         trees = {side: os.path.join(base, f"tree-{side}") for side in SIDES}
         for side in SIDES:
             unpack(commits[side], trees[side])
@@ -105,12 +102,6 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
             if pair == 0:
                 compared = same_outputs(os.path.join(work, "b-0"), os.path.join(work, "a-0"))
                 check_space(work, describe_outputs(os.path.join(work, "a-0")), 2 * (pairs - 1))
-    except BenchmarkFailure as exc:
-        keep = True
-        raise BenchmarkFailure(f"{exc}\n(kept in {base})") from None
-    finally:
-        if not keep:
-            shutil.rmtree(base, ignore_errors=True)
     medians = {side: summarize(runs[side]) for side in SIDES}
     record = {
         "benchmark": "ab", "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine, "workload": workload,

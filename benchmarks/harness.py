@@ -10,10 +10,13 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from contextlib import contextmanager
 
 from megacache.runtime.environment import usable_cores
 
@@ -30,6 +33,26 @@ STARTUP_PHASES = (OTHER, "import", "jit")
 
 class BenchmarkFailure(Exception):
     """A run that failed or an output that differs from the reference: the suite stops."""
+
+
+def _delete(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@contextmanager
+def kept_on_failure(work: str, kept: str, context: str = "", dispose: Callable[[str], None] = _delete):
+    """A block working in ``work``: a ``BenchmarkFailure`` from it keeps the directory, to look at,
+    and is raised again saying what is kept where (``kept``; ``context`` leads the message);
+    otherwise, however the block ends, ``dispose(work)``: deleted now, or handed on (a list's
+    ``append``) for the caller to delete once nothing more is measured."""
+    try:
+        yield work
+    except BenchmarkFailure as exc:
+        raise BenchmarkFailure(f"{context}{exc}\n({kept} kept in {work})") from None
+    except BaseException:
+        dispose(work)
+        raise
+    dispose(work)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ import sys
 import tempfile
 from collections import Counter
 
-from .harness import BenchmarkFailure, append_record, git_commit, machine_info, run_program, shown
+from .harness import BenchmarkFailure, append_record, git_commit, kept_on_failure, machine_info, run_program, shown
 from .suite import installed
 from .workloads import VOCAB_SIZE, make_corpus
 
@@ -106,108 +106,102 @@ def measure(megabytes: float, ranks: int, repeats: int, results: str) -> list[di
     sys.path.insert(0, TESTS)
     from support.systems.s3server import S3Server
 
-    work = tempfile.mkdtemp(prefix="megacache-bench-s3-")
-    keep = False
-    server = S3Server(work)
-    try:
-        installed()
-        corpus = os.path.join(work, "corpus")
-        nbytes, documents = make_corpus(corpus, megabytes)
-        tokenizer = train_sample_tokenizer(os.path.join(work, "tokenizer.json"), VOCAB_SIZE, documents=5000,
-                                           seed=12345, natural=True)
-        unit_bytes = max(1 << 16, nbytes // 16)
-        bucket, client = server.bucket(), server.client()
-        for name in sorted(os.listdir(corpus)):
-            client.upload_file(os.path.join(corpus, name), bucket, f"corpus/{name}")
-        env = server.environment()
-        tokenize = ["megacache", "tokenize", "--tokenizer", tokenizer, "--unit-bytes", str(unit_bytes),
-                    *TOKENIZE_FLAGS]
-        machine, commit = machine_info(), git_commit()
-        params = {"corpus_bytes": nbytes, "documents": documents, "vocab_size": VOCAB_SIZE, "unit_bytes": unit_bytes,
-                  "ranks": ranks, "build_flags": BUILD_FLAGS}
-        # megacache's kernels loaded and its code read once, unmeasured (the S3 client's are not)
-        run_program([*tokenize, "--input", corpus, "--output-prefix", os.path.join(work, "warm", "corpus")], ranks,
-                    work, env=env)
-        records = []
+    with kept_on_failure(tempfile.mkdtemp(prefix="megacache-bench-s3-"), "inputs and outputs") as work:
+        server = S3Server(work)
+        try:
+            installed()
+            corpus = os.path.join(work, "corpus")
+            nbytes, documents = make_corpus(corpus, megabytes)
+            tokenizer = train_sample_tokenizer(os.path.join(work, "tokenizer.json"), VOCAB_SIZE, documents=5000,
+                                               seed=12345, natural=True)
+            unit_bytes = max(1 << 16, nbytes // 16)
+            bucket, client = server.bucket(), server.client()
+            for name in sorted(os.listdir(corpus)):
+                client.upload_file(os.path.join(corpus, name), bucket, f"corpus/{name}")
+            env = server.environment()
+            tokenize = ["megacache", "tokenize", "--tokenizer", tokenizer, "--unit-bytes", str(unit_bytes),
+                        *TOKENIZE_FLAGS]
+            machine, commit = machine_info(), git_commit()
+            params = {"corpus_bytes": nbytes, "documents": documents, "vocab_size": VOCAB_SIZE, "unit_bytes": unit_bytes,
+                      "ranks": ranks, "build_flags": BUILD_FLAGS}
+            # megacache's kernels loaded and its code read once, unmeasured (the S3 client's are not)
+            run_program([*tokenize, "--input", corpus, "--output-prefix", os.path.join(work, "warm", "corpus")], ranks,
+                        work, env=env)
+            records = []
 
-        def run(step: str, side: str, repeat: int, first: bool, command: list[str]) -> dict:
-            server.proxy.reset()
-            load = [round(v, 2) for v in os.getloadavg()]
-            done = run_program(command, ranks, work, env=env, durable=True)
-            record = {"benchmark": "object_storage", "date": datetime.date.today().isoformat(),
-                      "time": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
-                      "cores": machine["cpus_usable"], "machine": machine, **params, "step": step, "side": side,
-                      "repeat": repeat, "first": first, "loadavg_before": load, "wall_s": round(done["wall_s"], 3),
-                      "phases": {k: round(v, 3) for k, v in done["phases"].items()},
-                      "cpu_s": [round(c, 2) for c in done["cpu_s"]], "rss_kb": done["rss_kb"],
-                      **(traffic(server.proxy) if side == "bucket" else {})}
-            records.append(record)
-            return record
+            def run(step: str, side: str, repeat: int, first: bool, command: list[str]) -> dict:
+                server.proxy.reset()
+                load = [round(v, 2) for v in os.getloadavg()]
+                done = run_program(command, ranks, work, env=env, durable=True)
+                record = {"benchmark": "object_storage", "date": datetime.date.today().isoformat(),
+                          "time": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit,
+                          "cores": machine["cpus_usable"], "machine": machine, **params, "step": step, "side": side,
+                          "repeat": repeat, "first": first, "loadavg_before": load, "wall_s": round(done["wall_s"], 3),
+                          "phases": {k: round(v, 3) for k, v in done["phases"].items()},
+                          "cpu_s": [round(c, 2) for c in done["cpu_s"]], "rss_kb": done["rss_kb"],
+                          **(traffic(server.proxy) if side == "bucket" else {})}
+                records.append(record)
+                return record
 
-        def order(repeat: int) -> tuple[str, str]:
-            return ("local", "bucket") if repeat % 2 == 0 else ("bucket", "local")
+            def order(repeat: int) -> tuple[str, str]:
+                return ("local", "bucket") if repeat % 2 == 0 else ("bucket", "local")
 
-        local_prefixes, bucket_prefixes = [], []
-        for repeat in range(repeats):
-            for side in order(repeat):
-                if side == "local":
-                    out = os.path.join(work, f"tok-{repeat}", "corpus")
-                    run("tokenize", side, repeat, side == order(repeat)[0],
-                        [*tokenize, "--input", corpus, "--output-prefix", out])
-                    local_prefixes.append(os.path.join(work, f"tok-{repeat}", DATASET))
-                else:
-                    out = f"s3://{bucket}/tok-{repeat}/corpus"
-                    run("tokenize", side, repeat, side == order(repeat)[0],
-                        [*tokenize, "--input", f"s3://{bucket}/corpus/", "--output-prefix", out])
-                    bucket_prefixes.append(f"s3://{bucket}/tok-{repeat}/{DATASET}")
-            fetched = os.path.join(work, f"fetched-{repeat}")
-            os.makedirs(fetched)
-            compared = same_files([(download(client, bucket, f"tok-{repeat}/{DATASET}{suffix}",
-                                             os.path.join(fetched, DATASET + suffix)),
-                                    os.path.join(work, f"tok-{repeat}", DATASET + suffix))
-                                   for suffix in (".bin", ".idx")])
-            for r in records[-2:]:
-                r["identical_bytes"] = compared
-            shutil.rmtree(fetched)
-            print(f"tokenize {repeat + 1}: " + ", ".join(f"{r['side']} {r['wall_s']:.2f} s" for r in records[-2:])
-                  + f", {compared:,} bytes identical", flush=True)
-
-        # builds: one prefix, and a blend of it with a copy of it (two prefixes, two .idx), the copy
-        # put in place uncounted
-        os.makedirs(os.path.join(work, "copy"))
-        for suffix in (".bin", ".idx"):
-            os.link(local_prefixes[0] + suffix, os.path.join(work, "copy", DATASET + suffix))
-            client.upload_file(local_prefixes[0] + suffix, bucket, f"copy/{DATASET}{suffix}")
-        local_prefixes.append(os.path.join(work, "copy", DATASET))
-        bucket_prefixes.append(f"s3://{bucket}/copy/{DATASET}")
-        blends = {"build": lambda p: ["--data-path", p[0]],
-                  "build_blend": lambda p: ["--data-path", "0.6", p[0], "0.4", p[-1]]}
-        for step in ("build", "build_blend"):
+            local_prefixes, bucket_prefixes = [], []
             for repeat in range(repeats):
-                caches = {}
                 for side in order(repeat):
-                    caches[side] = os.path.join(work, f"{step}-{side}-{repeat}")
-                    prefixes = local_prefixes if side == "local" else bucket_prefixes
-                    where = ["--data-cache-path", caches[side]]
-                    if side == "bucket":
-                        where += ["--object-storage-cache-path", os.path.join(work, f"idx-{step}-{repeat}")]
-                    run(step, side, repeat, side == order(repeat)[0],
-                        ["megacache", "build", *blends[step](prefixes), *BUILD_FLAGS, *where])
-                compared = same_caches(caches["local"], caches["bucket"])
+                    if side == "local":
+                        out = os.path.join(work, f"tok-{repeat}", "corpus")
+                        run("tokenize", side, repeat, side == order(repeat)[0],
+                            [*tokenize, "--input", corpus, "--output-prefix", out])
+                        local_prefixes.append(os.path.join(work, f"tok-{repeat}", DATASET))
+                    else:
+                        out = f"s3://{bucket}/tok-{repeat}/corpus"
+                        run("tokenize", side, repeat, side == order(repeat)[0],
+                            [*tokenize, "--input", f"s3://{bucket}/corpus/", "--output-prefix", out])
+                        bucket_prefixes.append(f"s3://{bucket}/tok-{repeat}/{DATASET}")
+                fetched = os.path.join(work, f"fetched-{repeat}")
+                os.makedirs(fetched)
+                compared = same_files([(download(client, bucket, f"tok-{repeat}/{DATASET}{suffix}",
+                                                 os.path.join(fetched, DATASET + suffix)),
+                                        os.path.join(work, f"tok-{repeat}", DATASET + suffix))
+                                       for suffix in (".bin", ".idx")])
                 for r in records[-2:]:
                     r["identical_bytes"] = compared
-                print(f"{step} {repeat + 1}: " + ", ".join(f"{r['side']} {r['wall_s']:.2f} s" for r in records[-2:])
+                shutil.rmtree(fetched)
+                print(f"tokenize {repeat + 1}: " + ", ".join(f"{r['side']} {r['wall_s']:.2f} s" for r in records[-2:])
                       + f", {compared:,} bytes identical", flush=True)
-        for record in records:
-            append_record(results, record)
-        return records
-    except BenchmarkFailure as exc:
-        keep = True
-        raise BenchmarkFailure(f"{exc}\n(inputs and outputs kept in {work})") from None
-    finally:
-        server.stop()
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
+
+            # builds: one prefix, and a blend of it with a copy of it (two prefixes, two .idx), the copy
+            # put in place uncounted
+            os.makedirs(os.path.join(work, "copy"))
+            for suffix in (".bin", ".idx"):
+                os.link(local_prefixes[0] + suffix, os.path.join(work, "copy", DATASET + suffix))
+                client.upload_file(local_prefixes[0] + suffix, bucket, f"copy/{DATASET}{suffix}")
+            local_prefixes.append(os.path.join(work, "copy", DATASET))
+            bucket_prefixes.append(f"s3://{bucket}/copy/{DATASET}")
+            blends = {"build": lambda p: ["--data-path", p[0]],
+                      "build_blend": lambda p: ["--data-path", "0.6", p[0], "0.4", p[-1]]}
+            for step in ("build", "build_blend"):
+                for repeat in range(repeats):
+                    caches = {}
+                    for side in order(repeat):
+                        caches[side] = os.path.join(work, f"{step}-{side}-{repeat}")
+                        prefixes = local_prefixes if side == "local" else bucket_prefixes
+                        where = ["--data-cache-path", caches[side]]
+                        if side == "bucket":
+                            where += ["--object-storage-cache-path", os.path.join(work, f"idx-{step}-{repeat}")]
+                        run(step, side, repeat, side == order(repeat)[0],
+                            ["megacache", "build", *blends[step](prefixes), *BUILD_FLAGS, *where])
+                    compared = same_caches(caches["local"], caches["bucket"])
+                    for r in records[-2:]:
+                        r["identical_bytes"] = compared
+                    print(f"{step} {repeat + 1}: " + ", ".join(f"{r['side']} {r['wall_s']:.2f} s" for r in records[-2:])
+                          + f", {compared:,} bytes identical", flush=True)
+            for record in records:
+                append_record(results, record)
+            return records
+        finally:
+            server.stop()
 
 
 def summary(records: list[dict]) -> list[str]:

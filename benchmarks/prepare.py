@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 
-from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, machine_info, run_program,
+from .harness import (ROOT, append_record, describe_outputs, kept_on_failure, machine_info, run_program,
                       same_outputs, shown, summarize)
 
 PREPARE_RESULTS = os.path.join(ROOT, "benchmarks", "results", "prepare.jsonl")
@@ -87,8 +87,7 @@ def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks:
         subprocess.run(["make", "-C", os.path.join(tree, "megatron", "core", "datasets")], check=True,
                        capture_output=True, env={**os.environ, **helpers_env(python)})
     work = tempfile.mkdtemp(prefix=f"megacache-bench-prepare-{name}-")
-    keep = False
-    try:
+    with kept_on_failure(work, "inputs and outputs", f"{name}: ", leftovers.append):
         case = CASES[name](work, SUITES["full"], factor)
         command = training_command(case)
         env = {**helpers_env(python), "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
@@ -111,12 +110,6 @@ def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks:
                 said = {side: r[-1]["wall_s"] for side, r in runs[version].items()}
                 print(f"{name} factor {factor:g}, repeat {rep + 1}, {version}: prepare_cache.py "
                       f"{said['reference']:.2f} s, megacache P={ranks} {said['megacache']:.2f} s", flush=True)
-    except BenchmarkFailure as exc:
-        keep = True
-        raise BenchmarkFailure(f"{name}: {exc}\n(inputs and outputs kept in {work})") from None
-    finally:
-        if not keep:
-            leftovers.append(work)
     records = []
     for version, tree in trees.items():
         ref, ours = summarize(runs[version]["reference"]), summarize(runs[version]["megacache"])

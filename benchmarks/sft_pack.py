@@ -32,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .harness import BenchmarkFailure, append_record, git_commit, machine_info, run_program, same_outputs, shown
+from .harness import (BenchmarkFailure, append_record, git_commit, kept_on_failure, machine_info, run_program,
+                      same_outputs, shown)
 from .suite import installed
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "sft_pack.jsonl")
@@ -115,8 +116,7 @@ def measure(examples: int, ranks: int, workers: int, repeats: int, results: str)
     from support.inputs.tokenizer_files import write_sft_tokenizers
 
     work = tempfile.mkdtemp(prefix="megacache-bench-sft-")
-    keep = False
-    try:
+    with kept_on_failure(work, "inputs and outputs"):
         os.makedirs(os.path.join(work, "tokenizers"))
         write_sft_tokenizers(Path(work, "tokenizers"))
         tokenizer = os.path.join(work, "tokenizers", "sft-bpe")
@@ -169,12 +169,6 @@ def measure(examples: int, ranks: int, workers: int, repeats: int, results: str)
             for root in roots.values():
                 shutil.rmtree(root)
         return records
-    except BenchmarkFailure as exc:
-        keep = True
-        raise BenchmarkFailure(f"{exc}\n(inputs and outputs kept in {work})") from None
-    finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> int:

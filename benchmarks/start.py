@@ -43,7 +43,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from .harness import ROOT, BenchmarkFailure, append_record, machine_info, run_program, same_outputs, shown
+from .harness import (ROOT, BenchmarkFailure, append_record, kept_on_failure, machine_info, run_program,
+                      same_outputs, shown)
 from .workloads import SUITES, Suite, build_blend
 
 START_RESULTS = os.path.join(ROOT, "benchmarks", "results", "start.jsonl")
@@ -346,19 +347,11 @@ def run(suite_name: str, suite: Suite, factors: list[float], repeats: int, resul
     for factor in sorted(factors):
         t = time.perf_counter()
         work = tempfile.mkdtemp(prefix="megacache-start-")
-        keep = False
-        try:
+        with kept_on_failure(work, "inputs, caches and logs", f"start suite, factor {factor:g}: "):
             setup = prepare(work, suite, factor)
             print(f"start: factor {factor:g}, {setup.params['datasets']} datasets, sizes {setup.params['sizes']} "
                   f"(inputs written in {setup.prepare_s:.1f} s)", flush=True)
             measured = measure(setup, repeats, configs)
-        except BenchmarkFailure as exc:
-            keep = True
-            raise BenchmarkFailure(f"start suite, factor {factor:g}: {exc}\n(inputs, caches and logs kept in "
-                                   f"{work})") from None
-        finally:
-            if not keep:
-                shutil.rmtree(work, ignore_errors=True)
         versions = measured["configs"][configs[0]]["runs"][0]["ranks"][0]["versions"]
         megatron = next((c["runs"][0]["ranks"][0]["versions"] for c in measured["configs"].values()
                          if c["mode"] == "megatron"), None)

@@ -15,6 +15,7 @@ from .harness import (
     BenchmarkFailure,
     append_record,
     describe_outputs,
+    kept_on_failure,
     machine_info,
     run_program,
     same_outputs,
@@ -97,8 +98,7 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
     """One workload at one factor; its work directory is appended to ``leftovers`` for the caller
     to delete once nothing else is measured (see ``_release``)."""
     work = tempfile.mkdtemp(prefix=f"megacache-bench-{name}-")
-    keep = False
-    try:
+    with kept_on_failure(work, "inputs and outputs", f"{name}: ", leftovers.append):
         t = time.perf_counter()
         case = WORKLOADS[name](work, suite, factor)
         prepare_s = time.perf_counter() - t
@@ -122,12 +122,6 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
                 _release(mine)
                 _progress(rep, f"megacache P={p}", ours[p][-1])
             _release(theirs)
-    except BenchmarkFailure as exc:
-        keep = True  # the inputs and both outputs, to look at
-        raise BenchmarkFailure(f"{name}: {exc}\n(inputs and outputs kept in {work})") from None
-    finally:
-        if not keep:
-            leftovers.append(work)
     rows = {p: summarize(runs) for p, runs in ours.items()}
     ref = summarize(reference)
     for p, s in scaling(rows).items():

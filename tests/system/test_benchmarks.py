@@ -2,7 +2,8 @@
 tiny size, P = 1 and 2 under real mpiexec, megatron-core beside megacache, outputs compared byte for
 byte) writes its JSON lines, plots and table, and the projection is computed from them; the start
 suite (``--suite start-smoke``) measures training's start on 2 gloo ranks and writes its table;
-``benchmarks ab`` times two commits of megacache alternately from copies of their own;
+``benchmarks ab`` times two commits of megacache alternately from copies of their own; a failed
+measurement keeps its work directory and says where;
 ``benchmarks.sft_pack`` times megacache pack and Megatron-Bridge alternately, their bytes compared;
 ``benchmarks.object_storage`` times tokenize and build from moto's S3 server beside local disk, with
 the requests and bytes its proxy counts."""
@@ -252,6 +253,31 @@ def test_ab_refuses_a_revision_that_names_no_commit(tmp_path):
                           str(tmp_path / "ab.jsonl")], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 1 and not (tmp_path / "ab.jsonl").exists()
     assert "'no-such-revision-here' names no commit of" in run.stderr, run.stderr
+
+
+def test_a_failed_measurement_keeps_its_directory_and_says_where(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(REPO)
+    from benchmarks.harness import BenchmarkFailure, kept_on_failure
+
+    failed, done, stopped, handed = (tmp_path / name for name in ("failed", "done", "stopped", "handed"))
+    for d in (failed, done, stopped, handed):
+        (d / "out").mkdir(parents=True)
+    with pytest.raises(BenchmarkFailure) as raised:
+        with kept_on_failure(str(failed), "inputs and outputs", "build_blend: "):
+            raise BenchmarkFailure("the outputs differ")
+    assert str(raised.value) == f"build_blend: the outputs differ\n(inputs and outputs kept in {failed})"
+    assert (failed / "out").is_dir()
+    with kept_on_failure(str(done), "inputs") as work:
+        assert work == str(done)
+    assert not done.exists()
+    with pytest.raises(KeyboardInterrupt):  # not a measurement's failure: nothing to look at
+        with kept_on_failure(str(stopped), "inputs"):
+            raise KeyboardInterrupt
+    assert not stopped.exists()
+    later: list[str] = []
+    with kept_on_failure(str(handed), "inputs", dispose=later.append):
+        pass
+    assert later == [str(handed)] and (handed / "out").is_dir()
 
 
 @pytest.mark.slow
