@@ -434,19 +434,17 @@ def _rows_from_lengths(sizes, document_index, first, start, first_position, firs
     # caches overlap instead of each waiting on memory), running counts, the last row each reaches
     # (vectorised), the positions that reach a new one (compacted without branches), and only their
     # rows.
-    # The last rows are computed in float64, where every count (< 2^53) and product is exact:
-    # AVX2 has neither int64 multiplication nor int64 <-> float64 conversion in vectors, so the
-    # integer form runs one position at a time. Returns the rows found inside the window.
+    # The last row, (count - x) // L, from a float64 estimate (off by at most one for counts below
+    # 2^53) corrected with integers: vectorised where an integer division is not. Returns the rows
+    # found inside the window.
     R = rows.shape[0]
     n = document_index.shape[0]
     base = sizes.ctypes.data - first * 4  # the address of sequence 0's length (int32)
     size = np.empty(_WALK_BLOCK, np.int64)
     reach = np.empty(_WALK_BLOCK, np.int64)
-    last = np.empty(_WALK_BLOCK, np.float64)  # integers
-    counted = np.empty(_WALK_BLOCK, np.float64)
+    last = np.empty(_WALK_BLOCK, np.int64)
     owner = np.empty(_WALK_BLOCK, np.int64)
-    Lf = float(L)
-    per_token = 1.0 / Lf
+    per_token = 1.0 / float(L)
     total = start
     reached = (start - x) // L  # the last row reached before the position at hand
     stop = first_k + R - 1
@@ -458,27 +456,26 @@ def _rows_from_lengths(sizes, document_index, first, start, first_position, firs
         for j in range(m):
             total += size[j]
             reach[j] = total
-            counted[j] = float(total - x)
         for j in range(m):
-            # (reach - x) // L: the quotient rounded is off by at most one, and corrected exactly
-            v = counted[j]
-            q = np.floor(v * per_token)
-            q = q - 1.0 if q * Lf > v else q
-            last[j] = q + 1.0 if (q + 1.0) * Lf <= v else q
+            v = reach[j] - x
+            q = np.int64(float(v) * per_token)
+            r = v - q * L
+            q = q - 1 if r < 0 else q
+            last[j] = q + 1 if r >= L else q
         owners = 0
-        previous = float(reached)
+        previous = reached
         for j in range(m):
             owner[owners] = j
             owners += last[j] != previous
             previous = last[j]
         for i in range(owners):
             j = owner[i]
-            k0 = max(first_k, (np.int64(last[j - 1]) if j else reached) + 1)
+            k0 = max(first_k, (last[j - 1] if j else reached) + 1)
             before = reach[j] - size[j]
-            for k in range(k0, min(np.int64(last[j]), stop) + 1):
+            for k in range(k0, min(last[j], stop) + 1):
                 rows[k - first_k, 0] = first_position + p + j
                 rows[k - first_k, 1] = k * L - before
-        reached = np.int64(last[m - 1])
+        reached = last[m - 1]
         if reached >= stop:
             return R
     return max(0, reached - first_k + 1)

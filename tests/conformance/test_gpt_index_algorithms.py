@@ -549,6 +549,32 @@ def test_sample_index_slices_equal_serial(tmp_path):
         assert_same_array(np.concatenate(pieces), serial)
 
 
+@pytest.mark.parametrize("L, first, m, wrong", [
+    (4093, 4092, 2_200_635_048_736, "high"),  # counts one short of a multiple of L, just below 2^53
+    (1_016_164_992, 1_016_164_992, 8_354_189, "low"),  # counts on a multiple of L
+])
+def test_sample_index_rows_far_into_the_token_stream(L, first, m, wrong):
+    # Rows depend on the tokens before a window only through whole samples: starting m·L tokens
+    # later moves every row number up by m and changes no row. The walk estimates (count - x) // L
+    # in float64, then corrects it; these counts are ones where the estimate is one off.
+    for x in (0, 1):
+        sizes = np.full(64, L, np.int32)
+        sizes[0] = first + x
+        document_index = np.arange(len(sizes), dtype=np.int32)
+        counts = m * L + np.cumsum(sizes, dtype=np.int64) - x
+        estimate = (counts.astype(np.float64) * (1.0 / L)).astype(np.int64)
+        assert (estimate > counts // L if wrong == "high" else estimate < counts // L).all()
+        assert counts[-1] < 2**53
+        plan = GPTIndexPlan.for_split(sizes, (0, len(sizes)), None, L, x, False)
+        far = dataclasses.replace(plan, num_samples=plan.num_samples + m, sample_index_dtype=np.dtype(np.int64))
+        rows = plan.num_samples + 1
+        near = sample_index_rows(far, sizes, document_index, 0, 0, 1, rows - 1)
+        shifted = sample_index_rows(far, sizes, document_index, m * L, 0, 1 + m, rows - 1 + m)
+        assert_same_array(shifted, near)
+        expected = sample_index_reference(sizes, document_index, plan)[1 : rows - 1].astype(np.int64)
+        assert_same_array(near, expected)
+
+
 def test_sample_index_rows_outside_the_window_are_refused():
     sizes = np.array([5, 7, 3, 9], np.int32)
     document_index = np.arange(4, dtype=np.int32)
