@@ -11,13 +11,15 @@ comparison with prepare_cache.py runs it, and each side runs it in turn as whole
 ``mpiexec -n P``, each after a sync and timed until its output is durable (``harness.run_program``).
 
 The order alternates, A B then B A: run in one fixed order, the second of each pair was a few
-percent faster on this project's VM in runs of one tree against itself. The two commits' first
-outputs are compared byte for byte: a change that alters the caches is not judged by its speed.
-Every output is kept until the end (``suite._release`` says why), so the free space is checked
-after the first pair.
+percent faster on this project's VM in runs of one tree against itself. Before the timed pairs,
+one untimed run of each side: the first runs after the inputs are written run slow, and in the
+order A B B A the second and third of them are both B's. The two untimed runs' outputs are
+compared byte for byte: a change that alters the caches is not judged by its speed. Every output
+is kept until the end (``suite._release`` says why), so the free space is checked after them.
 
-One JSON line per comparison in ``benchmarks/results/ab.jsonl``: both commits, every run, the
-medians, and B's median wall and CPU time over A's.
+One JSON line per comparison in ``benchmarks/results/ab.jsonl``: both commits, every run (the
+untimed ones apart), the medians, B's median wall and CPU time over A's, and B's wall time over
+A's in each pair: their spread is the noise a difference must stand out of.
 """
 
 from __future__ import annotations
@@ -86,23 +88,27 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
         work = os.path.join(base, "work")
         os.makedirs(work)
         case = CASES[workload](work, SUITES[suite_name], factor)
+
+        def run(side: str, name: str) -> dict:
+            out = os.path.join(work, name)
+            os.makedirs(out)
+            return run_program(megacache_build(training_command(case), "0.20", out), ranks, work,
+                               tree=trees[side], durable=True)
+
+        untimed = {side: run(side, f"{side}-untimed") for side in SIDES}
+        compared = same_outputs(os.path.join(work, "b-untimed"), os.path.join(work, "a-untimed"))
+        check_space(work, describe_outputs(os.path.join(work, "a-untimed")), 2 * pairs)
         runs: dict[str, list[dict]] = {side: [] for side in SIDES}
         sequence: list[str] = []
-        compared = 0
         for pair in range(pairs):
             for side in SIDES if pair % 2 == 0 else SIDES[::-1]:
                 sequence.append(side)
-                out = os.path.join(work, f"{side}-{pair}")
-                os.makedirs(out)
-                runs[side].append(run_program(megacache_build(training_command(case), "0.20", out), ranks, work,
-                                              tree=trees[side], durable=True))
+                runs[side].append(run(side, f"{side}-{pair}"))
                 r = runs[side][-1]
                 print(f"  pair {pair + 1} {side.upper()} {commits[side][:12]}: {r['wall_s']:.2f} s, "
                       f"CPU {sum(r['cpu_s']):.2f} s", flush=True)
-            if pair == 0:
-                compared = same_outputs(os.path.join(work, "b-0"), os.path.join(work, "a-0"))
-                check_space(work, describe_outputs(os.path.join(work, "a-0")), 2 * (pairs - 1))
     medians = {side: summarize(runs[side]) for side in SIDES}
+    ratios = [b["wall_s"] / a["wall_s"] for a, b in zip(runs["a"], runs["b"])]
     record = {
         "benchmark": "ab", "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine, "workload": workload,
         "suite": suite_name, "factor": factor, "params": case.params, "ranks": ranks, "pairs": pairs,
@@ -111,7 +117,9 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
            for side, rev in zip(SIDES, revs)},
         "b_over_a_wall": medians["b"]["wall_s"] / medians["a"]["wall_s"],
         "b_over_a_cpu": medians["b"]["cpu_s"] / medians["a"]["cpu_s"],
-        "pairs_b_faster": sum(b["wall_s"] < a["wall_s"] for a, b in zip(runs["a"], runs["b"])),
+        "b_over_a_wall_per_pair": ratios,
+        "pairs_b_faster": sum(r < 1 for r in ratios),
+        "untimed": untimed,
     }
     append_record(results, record)
     return record
@@ -126,6 +134,8 @@ def summary(record: dict) -> str:
         walls = ", ".join(f"{r['wall_s']:.2f}" for r in s["runs"])
         lines.append(f"  {side.upper()} {s['rev']} ({s['commit'][:12]}): median {s['median']['wall_s']:.3f} s, "
                      f"CPU {s['median']['cpu_s']:.2f} s (runs {walls})")
-    lines.append(f"  B/A: wall {record['b_over_a_wall']:.3f}, CPU {record['b_over_a_cpu']:.3f}; B faster in "
-                 f"{record['pairs_b_faster']} of {record['pairs']} pairs")
+    ratios = record["b_over_a_wall_per_pair"]
+    lines.append(f"  B/A: wall {record['b_over_a_wall']:.3f}, CPU {record['b_over_a_cpu']:.3f}; per pair "
+                 f"{min(ratios):.3f} to {max(ratios):.3f}, B faster in {record['pairs_b_faster']} of "
+                 f"{record['pairs']}")
     return "\n".join(lines)

@@ -245,7 +245,10 @@ def test_ab_runs_two_commits_alternating_from_their_own_copies(tmp_path):
         assert record[side]["median"]["wall_s"] == sorted(r["wall_s"] for r in runs)[0] / 2 + sorted(
             r["wall_s"] for r in runs)[1] / 2
     assert record["b_over_a_wall"] == record["b"]["median"]["wall_s"] / record["a"]["median"]["wall_s"]
-    assert re.search(r"B/A: wall [0-9.]+, CPU [0-9.]+; B faster in [0-2] of 2 pairs", output), output
+    ratios = [b["wall_s"] / a["wall_s"] for a, b in zip(record["a"]["runs"], record["b"]["runs"])]
+    assert record["b_over_a_wall_per_pair"] == ratios and record["pairs_b_faster"] == sum(r < 1 for r in ratios)
+    assert all(record["untimed"][side]["wall_s"] > 0 for side in "ab")
+    assert f"per pair {min(ratios):.3f} to {max(ratios):.3f}, B faster in {record['pairs_b_faster']} of 2" in output, output
 
 
 def test_ab_refuses_a_revision_that_names_no_commit(tmp_path):
