@@ -88,12 +88,12 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
         work = os.path.join(base, "work")
         os.makedirs(work)
         case = CASES[workload](work, SUITES[suite_name], factor)
+        command = training_command(case)
 
         def run(side: str, name: str) -> dict:
             out = os.path.join(work, name)
             os.makedirs(out)
-            return run_program(megacache_build(training_command(case), "0.20", out), ranks, work,
-                               tree=trees[side], durable=True)
+            return run_program(megacache_build(command, "0.20", out), ranks, work, tree=trees[side], durable=True)
 
         untimed = {side: run(side, f"{side}-untimed") for side in SIDES}
         compared = same_outputs(os.path.join(work, "b-untimed"), os.path.join(work, "a-untimed"))
