@@ -34,7 +34,7 @@ import tempfile
 import time
 
 from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, kept_on_failure, machine_info,
-                      run_program, same_outputs, summarize)
+                      quiet_filesystem, run_program, same_outputs, summarize)
 
 AB_RESULTS = os.path.join(ROOT, "benchmarks", "results", "ab.jsonl")
 SIDES = ("a", "b")
@@ -88,6 +88,7 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
         work = os.path.join(base, "work")
         os.makedirs(work)
         case = CASES[workload](work, SUITES[suite_name], factor)
+        filesystem = quiet_filesystem(work)
         command = training_command(case)
 
         def run(side: str, name: str) -> dict:
@@ -112,7 +113,7 @@ def compare(revs: tuple[str, str], workload: str, suite_name: str, factor: float
     record = {
         "benchmark": "ab", "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine, "workload": workload,
         "suite": suite_name, "factor": factor, "params": case.params, "ranks": ranks, "pairs": pairs,
-        "sequence": sequence, "compared_bytes": compared,
+        "sequence": sequence, "compared_bytes": compared, "filesystem": filesystem,
         **{side: {"rev": rev, "commit": commits[side], "runs": runs[side], "median": medians[side]}
            for side, rev in zip(SIDES, revs)},
         "b_over_a_wall": medians["b"]["wall_s"] / medians["a"]["wall_s"],

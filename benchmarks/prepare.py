@@ -31,8 +31,8 @@ import sys
 import tempfile
 import time
 
-from .harness import (ROOT, append_record, describe_outputs, kept_on_failure, machine_info, run_program,
-                      same_outputs, shown, summarize)
+from .harness import (ROOT, append_record, describe_outputs, kept_on_failure, machine_info, quiet_filesystem,
+                      run_program, same_outputs, shown, summarize)
 
 PREPARE_RESULTS = os.path.join(ROOT, "benchmarks", "results", "prepare.jsonl")
 CPU_RUNNER = os.path.join(ROOT, "tests", "support", "oracles", "prepare_cache_cpu.py")
@@ -89,6 +89,7 @@ def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks:
     work = tempfile.mkdtemp(prefix=f"megacache-bench-prepare-{name}-")
     with kept_on_failure(work, "inputs and outputs", f"{name}: ", leftovers.append):
         case = CASES[name](work, SUITES["full"], factor)
+        filesystem = quiet_filesystem(work)
         command = training_command(case)
         env = {**helpers_env(python), "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
         runs = {version: {"reference": [], "megacache": []} for version in trees}
@@ -116,6 +117,7 @@ def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks:
         record = {"benchmark": "prepare", "workload": name, "factor": factor, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   "machine": machine, "params": case.params, "command": command, "version": version,
                   "tree": _commit(tree), "threads": threads, "ranks": ranks, "repeats": repeats, "outputs": outputs,
+                  "filesystem": filesystem,
                   "compared_bytes": compared[version],
                   "reference": {"runs": runs[version]["reference"], "median": ref},
                   "megacache": {"runs": runs[version]["megacache"], "median": ours},

@@ -44,7 +44,8 @@ import tempfile
 import time
 from fractions import Fraction
 
-from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, machine_info, run_program, shown)
+from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, machine_info, quiet_filesystem,
+                      run_program, shown)
 
 SEED_RESULTS = os.path.join(ROOT, "benchmarks", "results", "seed.jsonl")
 SPLITS = ("train", "valid", "test")
@@ -275,6 +276,7 @@ def run(suite_name: str, suite, factor: float, ranks: int, results: str) -> dict
                  f"{rate['read_bytes_per_s'] / 1e9:.2f} GB/s")
 
         # 3. the build
+        record["filesystem"] = quiet_filesystem(work)
         cache = os.path.join(work, "cache")
         os.makedirs(cache)
         build = run_program(case.megacache(cache), ranks, work)

@@ -17,6 +17,7 @@ from .harness import (
     describe_outputs,
     kept_on_failure,
     machine_info,
+    quiet_filesystem,
     run_program,
     same_outputs,
     summarize,
@@ -103,6 +104,7 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
         case = WORKLOADS[name](work, suite, factor)
         prepare_s = time.perf_counter() - t
         print(f"{name}: {case.params} (inputs written in {prepare_s:.1f} s)", flush=True)
+        filesystem = quiet_filesystem(work)
         reference, ours, outputs = [], {p: [] for p in ranks}, None
         compared = {"outputs": 0, "bytes": 0}  # megacache's outputs found byte-identical to the reference's
         for rep in range(repeats):
@@ -131,7 +133,7 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
                                    "speedup_work": ref["work_s"] / rows[p]["work_s"] if rows[p]["work_s"] else None,
                                    "rss_ratio": rows[p]["rss_max_kb"] / ref["rss_max_kb"]}
     return {"workload": name, "params": case.params, "prepare_s": prepare_s, "outputs": outputs,
-            "compared": compared, "reference_name": case.reference_name,
+            "compared": compared, "filesystem": filesystem, "reference_name": case.reference_name,
             "reference": {"runs": reference, "median": ref},
             "megacache": {str(p): {"runs": ours[p], "median": rows[p]} for p in ranks}}
 

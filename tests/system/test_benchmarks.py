@@ -21,18 +21,24 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def bench_env(**extra: str) -> dict:
+    """The benchmarks' environment: these tests check what they measure and record, not the times, so no
+    benchmark waits for a quiet filesystem (``harness.quiet_filesystem`` probes once and goes on)."""
+    return dict(os.environ, PYTHONWARNINGS="ignore", MEGACACHE_BENCH_QUIET_WAIT_S="0", **extra)
+
+
 def benchmark(tmp_path, module: str, *args: str) -> tuple[str, list[dict]]:
     """``python -m MODULE ARGS --results FILE`` run in the repository: what it printed, and its records."""
     results = tmp_path / f"{module}.jsonl"
     run = subprocess.run([sys.executable, "-m", module, *args, "--results", str(results)], cwd=REPO,
-                         capture_output=True, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=900)
+                         capture_output=True, text=True, env=bench_env(), timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run.stdout, [json.loads(line) for line in results.read_text().splitlines()]
 
 
 def test_smoke_suite_writes_results_plots_table_and_projection(tmp_path):
     results = str(tmp_path / "smoke.jsonl")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = bench_env()
     run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "smoke", "--results", results],
                          cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -72,7 +78,7 @@ def test_sizes_measured_in_one_run_give_the_scale_report(tmp_path):
     SCALE.md with a row per size and the fitted growth, and the scale block of docs/benchmarks.md
     (a stand-in in this test) rewritten."""
     results = str(tmp_path / "scale.jsonl")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = bench_env()
     run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "smoke", "--only", "build_blend",
                           "--ranks", "2", "--factor", "0.0002", "0.001", "--results", results],
                          cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
@@ -101,7 +107,7 @@ def test_floor_times_the_build_beside_its_start_up_and_its_files_alone(tmp_path)
     its ranks' start-up alone and its output files written alone, each timed from outside; one
     record with the four medians."""
     results = str(tmp_path / "floor.jsonl")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env = bench_env()
     run = subprocess.run([sys.executable, "-m", "benchmarks", "floor", "--suite", "smoke", "--factor", "0.0002",
                           "--repeats", "1", "--results", results],
                          cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
@@ -143,7 +149,7 @@ def test_seed_suite_builds_verifies_and_checks_the_seed_case_at_a_tiny_size(tmp_
     # the greedy is not largest remainder: w = (0.1, 0.9), 3 samples: the greedy takes (1, 2), Hamilton (0, 3)
     assert against_largest_remainder([1, 2], [0.1, 0.9], 3)["differences"] == {"0": 1, "1": -1}
     results = str(tmp_path / "seed.jsonl")
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TMPDIR=str(tmp_path))
+    env = bench_env(TMPDIR=str(tmp_path))
     run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "seed-smoke", "--results", results],
                          cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -196,7 +202,7 @@ def test_start_suite_measures_each_rank_and_writes_its_table(tmp_path):
         pytest.skip(f"megatron-core 0.19.2 oracle environment not built in {ORACLES}: run bash "
                     "tests/megatron_oracles.sh")
     results = str(tmp_path / "start.jsonl")
-    env = dict(os.environ, PYTHONWARNINGS="ignore", MEGACACHE_ORACLES=ORACLES)
+    env = bench_env(MEGACACHE_ORACLES=ORACLES)
     run = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "start-smoke", "--configs", "a", "c",
                           "api", "--results", results], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -281,6 +287,28 @@ def test_a_failed_measurement_keeps_its_directory_and_says_where(tmp_path, monke
     with kept_on_failure(str(handed), "inputs", dispose=later.append):
         pass
     assert later == [str(handed)] and (handed / "out").is_dir()
+
+
+def test_quiet_filesystem_waits_while_creating_a_file_costs_more_than_at_rest(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(REPO)
+    from benchmarks.harness import QUIET_PROBE_FILES, quiet_filesystem
+
+    monkeypatch.delenv("MEGACACHE_BENCH_QUIET_WAIT_S", raising=False)
+    at_rest = quiet_filesystem(str(tmp_path / "a"), threshold_s=1.0)
+    assert at_rest["quiet"] and at_rest["waited_s"] < 1 and len(at_rest["create_us"]) == 1
+    assert len(os.listdir(tmp_path / "a" / "filesystem-probes")) == QUIET_PROBE_FILES
+    assert capsys.readouterr().out == ""
+    # never cheap enough: probes every poll until the limit, then measures anyway, saying so
+    busy = quiet_filesystem(str(tmp_path / "b"), threshold_s=0.0, limit_s=0.5, poll_s=0.2)
+    assert not busy["quiet"] and len(busy["create_us"]) >= 2 and 0.2 <= busy["waited_s"] <= 0.5
+    assert len(os.listdir(tmp_path / "b" / "filesystem-probes")) == QUIET_PROBE_FILES * len(busy["create_us"])
+    out = capsys.readouterr().out
+    assert "waiting up to 0.5 s for the deletes made before this benchmark to age out" in out, out
+    assert "measuring anyway" in out, out
+    # the environment's limit: one probe, no wait
+    monkeypatch.setenv("MEGACACHE_BENCH_QUIET_WAIT_S", "0")
+    once = quiet_filesystem(str(tmp_path / "c"), threshold_s=0.0)
+    assert not once["quiet"] and len(once["create_us"]) == 1 and once["waited_s"] < 1
 
 
 @pytest.mark.slow
