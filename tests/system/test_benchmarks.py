@@ -300,7 +300,7 @@ def test_quiet_filesystem_waits_while_creating_a_file_costs_more_than_at_rest(tm
     assert capsys.readouterr().out == ""
     # never cheap enough: probes every poll until the limit, then measures anyway, saying so
     busy = quiet_filesystem(str(tmp_path / "b"), threshold_s=0.0, limit_s=0.5, poll_s=0.2)
-    assert not busy["quiet"] and len(busy["create_us"]) >= 2 and 0.2 <= busy["waited_s"] <= 0.5
+    assert not busy["quiet"] and 2 <= len(busy["create_us"]) <= 3 and busy["waited_s"] >= 0.2
     assert len(os.listdir(tmp_path / "b" / "filesystem-probes")) == QUIET_PROBE_FILES * len(busy["create_us"])
     out = capsys.readouterr().out
     assert "waiting up to 0.5 s for the deletes made before this benchmark to age out" in out, out
