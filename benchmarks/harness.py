@@ -114,8 +114,7 @@ def run_program(module_args: list[str], ranks: int | None, work: str, phases: bo
 
 
 #: CPU a file's creation costs, above which the filesystem is still paying for deletes made before
-#: the benchmark began: about 20 us at rest on this VM's disk, 220-860 us for some six minutes after
-#: a mass delete (``suite._release`` says why)
+#: the benchmark began (``suite._release`` says why; docs/benchmarks.md has the costs measured)
 QUIET_CREATE_S = 100e-6
 #: files a probe creates; they stay in the work directory, since deleting them is what it waits out
 QUIET_PROBE_FILES = 200
@@ -146,9 +145,9 @@ def quiet_filesystem(work: str, threshold_s: float = QUIET_CREATE_S, limit_s: fl
         if costs[-1] <= threshold_s or waited + poll_s > limit_s:
             break
         if len(costs) == 1:
-            print(f"filesystem: a file's creation costs {costs[-1] * 1e6:.0f} us of CPU in {work} (at rest here about "
-                  f"20): waiting up to {limit_s:g} s for the deletes made before this benchmark to age out",
-                  flush=True)
+            print(f"filesystem: a file's creation costs {costs[-1] * 1e6:.0f} us of CPU in {work} (at most "
+                  f"{threshold_s * 1e6:g} at rest): waiting up to {limit_s:g} s for the deletes made before this "
+                  f"benchmark to age out", flush=True)
         time.sleep(poll_s)
     quiet = costs[-1] <= threshold_s
     if not quiet:
