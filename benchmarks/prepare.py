@@ -14,7 +14,8 @@ Megatron-LM example script (``COMMAND``). The same words go to ``megacache build
 sync and timed from outside until its output is durable (its process, then a sync). Every output is
 compared byte for byte with megacache's (megacache's sequences file aside: prepare_cache.py reads
 that file but does not write it). A tree is a Megatron-LM checkout (``git archive`` of a tag or of
-main); its C++ dataset helpers are compiled by prepare_cache.py itself (pybind11 in ``--python``).
+main); its C++ dataset helpers are compiled once before the timed runs, as prepare_cache.py would
+(with pybind11, which ``--python`` needs beside Megatron-LM's requirements).
 
 One JSON line per workload, factor and tree in ``benchmarks/results/prepare.jsonl``; ``report``
 writes ``PREPARE.md`` beside it and, with ``--readme``, the table between the prepare markers.
@@ -31,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from .harness import (ROOT, append_record, describe_outputs, kept_on_failure, machine_info, quiet_filesystem,
+from .harness import (ROOT, BenchmarkFailure, append_record, describe_outputs, kept_on_failure, machine_info, quiet_filesystem,
                       run_program, same_outputs, shown, summarize)
 
 PREPARE_RESULTS = os.path.join(ROOT, "benchmarks", "results", "prepare.jsonl")
@@ -70,6 +71,22 @@ def helpers_env(python: str) -> dict:
     return {"PATH": f"{os.path.dirname(python)}{os.pathsep}{os.environ['PATH']}", "MAKEFLAGS": f"LIBEXT={suffix}"}
 
 
+def build_helpers(tree: str, python: str) -> None:
+    """The tree's C++ dataset helpers, compiled as prepare_cache.py would on its first run; a failure
+    says make's last words and, where ``python`` lacks pybind11 (what the helpers compile against,
+    and not among Megatron-LM's requirements), how to add it."""
+    directory = os.path.join(tree, "megatron", "core", "datasets")
+    done = subprocess.run(["make", "-C", directory], capture_output=True, text=True,
+                          env={**os.environ, **helpers_env(python)})
+    if done.returncode == 0:
+        return
+    message = f"make -C {directory} exited {done.returncode}:\n{(done.stdout + done.stderr)[-2000:]}"
+    if subprocess.run([python, "-m", "pybind11", "--includes"], capture_output=True).returncode != 0:
+        message += (f"\n{python} has no pybind11, which prepare_cache.py compiles its dataset helpers with: "
+                    f"{python} -m pip install pybind11")
+    raise BenchmarkFailure(message)
+
+
 def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks: int, repeats: int,
             results: str, leftovers: list[str]) -> list[dict]:
     """One workload at one factor against every tree, alternating; a record per tree appended to
@@ -84,8 +101,7 @@ def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks:
     threads = os.cpu_count() or 1
     warm_up(name)
     for tree in trees.values():  # its helpers built once, unmeasured, as megacache's kernels are
-        subprocess.run(["make", "-C", os.path.join(tree, "megatron", "core", "datasets")], check=True,
-                       capture_output=True, env={**os.environ, **helpers_env(python)})
+        build_helpers(tree, python)
     work = tempfile.mkdtemp(prefix=f"megacache-bench-prepare-{name}-")
     with kept_on_failure(work, "inputs and outputs", f"{name}: ", leftovers.append):
         case = CASES[name](work, SUITES["full"], factor)

@@ -3,7 +3,8 @@ tiny size, P = 1 and 2 under real mpiexec, megatron-core beside megacache, outpu
 byte) writes its JSON lines, plots and table, and the projection is computed from them; the start
 suite (``--suite start-smoke``) measures training's start on 2 gloo ranks and writes its table;
 ``benchmarks ab`` times two commits of megacache alternately from copies of their own; a failed
-measurement keeps its work directory and says where;
+measurement keeps its work directory and says where; ``benchmarks prepare`` says how to mend a
+helpers build without pybind11;
 ``benchmarks.sft_pack`` times megacache pack and Megatron-Bridge alternately, their bytes compared;
 ``benchmarks.object_storage`` times tokenize and build from moto's S3 server beside local disk, with
 the requests and bytes its proxy counts."""
@@ -287,6 +288,27 @@ def test_a_failed_measurement_keeps_its_directory_and_says_where(tmp_path, monke
     with kept_on_failure(str(handed), "inputs", dispose=later.append):
         pass
     assert later == [str(handed)] and (handed / "out").is_dir()
+
+
+def test_prepare_says_how_to_mend_a_helpers_build_that_lacks_pybind11(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(REPO)
+    from benchmarks.harness import BenchmarkFailure
+    from benchmarks.prepare import build_helpers
+
+    if subprocess.run([sys.executable, "-m", "pybind11", "--includes"], capture_output=True).returncode == 0:
+        pytest.skip("this interpreter has pybind11")
+    # a tree whose helpers' Makefile asks pybind11 for its includes, as Megatron-LM's does
+    datasets = tmp_path / "megatron" / "core" / "datasets"
+    datasets.mkdir(parents=True)
+    (datasets / "Makefile").write_text("default:\n\tpython3 -m pybind11 --includes\n")
+    with pytest.raises(BenchmarkFailure) as raised:
+        build_helpers(str(tmp_path), sys.executable)
+    message = str(raised.value)
+    assert f"make -C {datasets} exited 2:" in message and "No module named pybind11" in message, message
+    assert message.endswith(f"{sys.executable} has no pybind11, which prepare_cache.py compiles its dataset helpers "
+                            f"with: {sys.executable} -m pip install pybind11"), message
+    (datasets / "Makefile").write_text("default:\n\ttrue\n")
+    build_helpers(str(tmp_path), sys.executable)
 
 
 def test_quiet_filesystem_waits_while_creating_a_file_costs_more_than_at_rest(tmp_path, monkeypatch, capsys):
