@@ -131,13 +131,26 @@ def _awaken(g, na, w, c, rep, aw, ac, ab, ag, pos):
     return na + 1
 
 
+@kernel(inline=True)
+def _raised(count, cap):
+    """A slot's count after its last member's pick: +inf once it reaches ``cap`` (exhausted)."""
+    count += 1.0
+    return np.inf if count == cap else count
+
+
 @kernel("float64[::1], float64[::1], float64[::1], int64[::1], int64[::1], int64[::1], int64[::1], "
         "int64[::1], int64, int16[::1], int64[::1]")
 def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
     """The greedy over slots (see the module docstring): each step scans only the awake slots;
     the others sleep in a bucket queue keyed by the step at which they may reach the level.
     Slot state (``c``: float64 count of member k, +inf once exhausted; ``k``; ``rep`` = member
-    k) is updated in place."""
+    k) is updated in place.
+
+    A scan never reads what the step before it wrote: a vector load that overlaps a recent
+    scalar store waits until the store is done, which would chain every step's bookkeeping into
+    the next step's scan. So a slot that falls asleep stays in place for one more scan, masked
+    out of it in registers, and is moved out after it; slots due awake are added after a scan,
+    a step ahead (waking early is harmless)."""
     G = w.shape[0]
     total = out_idx.shape[0]
     # the awake slots, dense, padded with entries that never win to a whole number of the
@@ -146,21 +159,31 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
     ac = np.full(G + 32, np.inf)
     ab = np.full(G + 32, _NOCAND)  # (member << 16) | position: the tie-break key
     ag = np.empty(G + 32, np.int64)  # the slot at each position
-    ak = np.empty(G + 32, np.int64)  # keys of the step's errors
     pos = np.full(G, -1, np.int64)
     wake = np.empty(G, np.int64)
     head = np.full(_BUCKETS, -1, np.int64)
     nxt = np.empty(G, np.int64)
     na = 0
     lkey = _IMIN
+    level = 0.0
     spread = _SPREAD
     rebuild = 0  # the step of the next rebuild
+    # the position of the slot picked last if it sleeps from this step on (-1: none), and its
+    # wake step; its count, member and place change after this step's scan
+    p = np.int64(-1)
+    px = np.int64(0)
     i = 0
     while i < total:
         s = start + i
         t = max(float(s), 1.0)
         if i == rebuild:
             # every slot awake or asleep afresh, the level just below the current maximum
+            if p >= 0:
+                g = ag[p]
+                k[g] = 0
+                rep[g] = members[off[g]]
+                ac[p] = _raised(ac[p], cap[g])
+                p = -1
             for j in range(na):
                 c[ag[j]] = ac[j]
                 pos[ag[j]] = -1
@@ -185,27 +208,18 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
                     nxt[g] = head[b]
                     head[b] = g
             rebuild = i + _REBUILD
-        else:
-            b = s & (_BUCKETS - 1)
-            g = head[b]
-            head[b] = -1
-            while g >= 0:
-                later = nxt[g]
-                if wake[g] <= s:
-                    na = _awaken(g, na, w, c, rep, aw, ac, ab, ag, pos)
-                else:  # due a lap of the queue later
-                    nxt[g] = head[b]
-                    head[b] = g
-                g = later
         padded = (na + 31) & ~31
         # One pass, two independent maxima: the exact key m, and the key's high bits packed
         # with the complement of the tie-break key. A step that waited for m before looking for
-        # its holders would run two reductions one after the other.
+        # its holders would run two reductions one after the other. Position p is masked with
+        # integer operations, which vectorise where a comparison's select does not.
         m = _IMIN
         packed = _IMIN
         for j in range(padded):
             x = _key(aw[j] * t - ac[j])
-            ak[j] = x
+            apart = np.int64(j) ^ p
+            keep = (apart | -apart) >> 63  # all ones except at p
+            x = (x & keep) | (_IMIN & ~keep)
             m = x if x > m else m
             y = (x & _HIGH) | (_LOW32 - (ab[j] & _LOW32))
             packed = y if y > packed else packed
@@ -220,45 +234,74 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
         # largest. Its error is exactly m only if it is the answer: every error equal to m shares
         # those high bits. Otherwise (errors within 2^32 ulps of each other) look again, exactly.
         r = _LOW32 - (packed & _LOW32)
-        if ak[r & 0xFFFF] != m:
-            r = _NOCAND
-            for j in range(padded):
-                x = ab[j] if ak[j] == m else _NOCAND
-                r = x if x < r else r
         j = r & 0xFFFF
-        g = ag[j]
+        if j == p or _key(aw[j] * t - ac[j]) != m:
+            r = _NOCAND
+            for q in range(padded):
+                x = ab[q] if q != p and _key(aw[q] * t - ac[q]) == m else _NOCAND
+                r = x if x < r else r
+            j = r & 0xFFFF
         out_idx[i] = r >> 16
         out_sidx[i] = np.int64(ac[j])
-        k[g] += 1
-        if k[g] == n[g]:
+        if p >= 0:
+            # the last pick's slot out, the last awake slot taking its position
+            g = ag[p]
             k[g] = 0
-            ac[j] += 1.0
-            if ac[j] == cap[g]:
-                ac[j] = np.inf
-            x = _wake_step(w[g], ac[j], level, s + 1)
+            rep[g] = members[off[g]]
+            c[g] = _raised(ac[p], cap[g])
+            na -= 1
+            h = ag[na]
+            aw[p] = aw[na]
+            ac[p] = ac[na]
+            ab[p] = (ab[na] & ~np.int64(0xFFFF)) | p
+            ag[p] = h
+            pos[h] = p
+            pos[g] = -1
+            aw[na] = 0.0
+            ac[na] = np.inf
+            ab[na] = _NOCAND
+            if px != _IMAX:
+                wake[g] = px
+                b = px & (_BUCKETS - 1)
+                nxt[g] = head[b]
+                head[b] = g
+            if j == na:
+                j = p
+            p = -1
+        g = ag[j]
+        if k[g] + 1 == n[g]:
+            # the slot's last member: its count rises, and it sleeps unless its error stays
+            # within reach of the level
+            x = _wake_step(w[g], _raised(ac[j], cap[g]), level, s + 1)
             if x > s + 1:
-                # asleep: the last awake slot takes its position
-                c[g] = ac[j]
-                na -= 1
-                h = ag[na]
-                aw[j] = aw[na]
-                ac[j] = ac[na]
-                ab[j] = (ab[na] & ~np.int64(0xFFFF)) | j
-                ag[j] = h
-                pos[h] = j
-                pos[g] = -1
-                aw[na] = 0.0
-                ac[na] = np.inf
-                ab[na] = _NOCAND
-                if x != _IMAX:
-                    wake[g] = x
-                    b = x & (_BUCKETS - 1)
-                    nxt[g] = head[b]
-                    head[b] = g
-        rep[g] = members[off[g] + k[g]]
-        if pos[g] >= 0:
-            ab[pos[g]] = (rep[g] << 16) | pos[g]
+                p = j
+                px = x
+            else:
+                k[g] = 0
+                ac[j] = _raised(ac[j], cap[g])
+        else:
+            k[g] += 1
+        if p != j:
+            rep[g] = members[off[g] + k[g]]
+            ab[j] = (rep[g] << 16) | j
+        # the slots due at the next step
+        b = (s + 1) & (_BUCKETS - 1)
+        g = head[b]
+        head[b] = -1
+        while g >= 0:
+            later = nxt[g]
+            if wake[g] <= s + 1:
+                na = _awaken(g, na, w, c, rep, aw, ac, ab, ag, pos)
+            else:  # due a lap of the queue later
+                nxt[g] = head[b]
+                head[b] = g
+            g = later
         i += 1
+    if p >= 0:
+        g = ag[p]
+        k[g] = 0
+        rep[g] = members[off[g]]
+        ac[p] = _raised(ac[p], cap[g])
     for j in range(na):
         c[ag[j]] = ac[j]
 
