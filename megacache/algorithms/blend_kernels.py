@@ -223,28 +223,11 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
             m = x if x > m else m
             y = (x & _HIGH) | (_LOW32 - (ab[j] & _LOW32))
             packed = y if y > packed else packed
-        if m < lkey:
-            # a sleeping slot may hold the maximum: rebuild now, with a lower level
-            spread *= 2.0
-            rebuild = i
-            continue
-        if i + 1 == rebuild:  # a whole period without that: try a higher level next
-            spread = max(_SPREAD, spread * 0.5)
-        # The packed maximum is the lowest tie-break key among the errors whose high bits are the
-        # largest. Its error is exactly m only if it is the answer: every error equal to m shares
-        # those high bits. Otherwise (errors within 2^32 ulps of each other) look again, exactly.
-        r = _LOW32 - (packed & _LOW32)
-        j = r & 0xFFFF
-        if j == p or _key(aw[j] * t - ac[j]) != m:
-            r = _NOCAND
-            for q in range(padded):
-                x = ab[q] if q != p and _key(aw[q] * t - ac[q]) == m else _NOCAND
-                r = x if x < r else r
-            j = r & 0xFFFF
-        out_idx[i] = r >> 16
-        out_sidx[i] = np.int64(ac[j])
+        # This step's stores come before anything that waits on the scan's maxima, so that they
+        # are done by the next scan: the last pick's slot out, if it sleeps (the last awake slot
+        # taking its position), and the slots due at the next step in.
+        moved = np.int64(-1)
         if p >= 0:
-            # the last pick's slot out, the last awake slot taking its position
             g = ag[p]
             k[g] = 0
             rep[g] = members[off[g]]
@@ -265,9 +248,43 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
                 b = px & (_BUCKETS - 1)
                 nxt[g] = head[b]
                 head[b] = g
-            if j == na:
-                j = p
+            moved = na
+        b = (s + 1) & (_BUCKETS - 1)
+        g = head[b]
+        head[b] = -1
+        while g >= 0:
+            later = nxt[g]
+            if wake[g] <= s + 1:
+                na = _awaken(g, na, w, c, rep, aw, ac, ab, ag, pos)
+            else:  # due a lap of the queue later
+                nxt[g] = head[b]
+                head[b] = g
+            g = later
+        if m < lkey:
+            # a sleeping slot may hold the maximum: rebuild now, with a lower level
+            spread *= 2.0
+            rebuild = i
             p = -1
+            continue
+        if i + 1 == rebuild:  # a whole period without that: try a higher level next
+            spread = max(_SPREAD, spread * 0.5)
+        # The packed maximum is the lowest tie-break key among the errors whose high bits are the
+        # largest. Its error is exactly m only if it is the answer: every error equal to m shares
+        # those high bits. Otherwise (errors within 2^32 ulps of each other) look again, exactly:
+        # among every awake slot, the one masked out having gone, and the ones just woken below m.
+        r = _LOW32 - (packed & _LOW32)
+        j = r & 0xFFFF
+        if j == moved:
+            j = p
+        p = -1
+        if _key(aw[j] * t - ac[j]) != m:
+            r = _NOCAND
+            for q in range(na):
+                x = ab[q] if _key(aw[q] * t - ac[q]) == m else _NOCAND
+                r = x if x < r else r
+            j = r & 0xFFFF
+        out_idx[i] = r >> 16
+        out_sidx[i] = np.int64(ac[j])
         g = ag[j]
         if k[g] + 1 == n[g]:
             # the slot's last member: its count rises, and it sleeps unless its error stays
@@ -284,18 +301,6 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
         if p != j:
             rep[g] = members[off[g] + k[g]]
             ab[j] = (rep[g] << 16) | j
-        # the slots due at the next step
-        b = (s + 1) & (_BUCKETS - 1)
-        g = head[b]
-        head[b] = -1
-        while g >= 0:
-            later = nxt[g]
-            if wake[g] <= s + 1:
-                na = _awaken(g, na, w, c, rep, aw, ac, ab, ag, pos)
-            else:  # due a lap of the queue later
-                nxt[g] = head[b]
-                head[b] = g
-            g = later
         i += 1
     if p >= 0:
         g = ag[p]
