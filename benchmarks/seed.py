@@ -230,7 +230,7 @@ def run(suite_name: str, suite, factor: float, ranks: int, results: str) -> dict
 
     from megacache.algorithms.blend_sizes import normalize
     from megacache.formats.indexed import idx_path, read_layout
-    from megacache.builders.blend import BLEND_ARRAYS
+    from megacache.builders.blend import BLEND_SAMPLE_BYTES
     from megacache.formats.npy import write_npy
 
     from . import floor
@@ -329,7 +329,7 @@ def run(suite_name: str, suite, factor: float, ranks: int, results: str) -> dict
         out = os.path.join(work, "blend")
         write_npy(weights_path, weights)
         os.makedirs(out)
-        _check_room(work, size * sum(d.itemsize for d in BLEND_ARRAYS.values()), "the blend's arrays")
+        _check_room(work, size * BLEND_SAMPLE_BYTES, "the blend's arrays")
         blend = run_program(["benchmarks.kernel", weights_path, str(size), out, counts_path], ranks, work)
         counts = np.load(counts_path)
         shutil.rmtree(out)

@@ -8,6 +8,7 @@ publication, a blend after all of its children."""
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable
@@ -19,7 +20,7 @@ from ..algorithms.blend_kernels import blend_chunk, build_exhaustive_blending_in
 from ..algorithms.blend_sizes import find_oversampling, normalize, unweighted_blend_size
 from ..runtime.comm import Comm
 from ..errors import MegacacheError
-from ..formats.npy import NpyWriter, open_memmap
+from ..formats.npy import BackgroundWrites, NpyWriter, open_memmap
 from ..runtime.fsio import Staging, make_directories, sync_filesystems
 from ..runtime.progress import Progress
 from ..megatron.cache import SPLIT_NAMES, CacheEntry, blend_entry
@@ -31,6 +32,8 @@ from .scheduling import even_slice, largest_first
 
 #: a blend's arrays and their dtypes (each one sample long)
 BLEND_ARRAYS = {"dataset_index.npy": np.dtype(np.int16), "dataset_sample_index.npy": np.dtype(np.int64)}
+#: a sample's bytes in both arrays
+BLEND_SAMPLE_BYTES = sum(dtype.itemsize for dtype in BLEND_ARRAYS.values())
 
 
 @dataclass
@@ -133,19 +136,30 @@ class BlendFiles:
 
     def rows(self, s0: int, s1: int, counts: np.ndarray | None) -> np.ndarray:
         """Samples ``[s0, s1)`` from the counts at ``s0`` (None: the start) into the files;
-        returns the counts at ``s1``."""
-        buffers = {what: np.empty(min(self.block, s1 - s0), dtype) for what, dtype in BLEND_ARRAYS.items()}
+        returns the counts at ``s1``. Each block is written on a second thread while the next one
+        is blended into the other of two buffers: a direct write holds its thread until the device
+        has the data, and a long blend is what a big build waits for last."""
+        n0 = min(self.block, s1 - s0)
+        buffers = [{what: np.empty(n0, dtype) for what, dtype in BLEND_ARRAYS.items()} for _ in range(2)]
         writers = [NpyWriter(self.paths[what], dtype, (self.size,)) for what, dtype in BLEND_ARRAYS.items()]
+
+        def write(first: int, arrays: tuple[np.ndarray, ...]) -> None:
+            for writer, rows in zip(writers, arrays):
+                writer.write_rows(first, rows)
+
         try:
-            for a in range(s0, s1, self.block):
-                n = min(self.block, s1 - a)
-                idx, sidx = (buffers[what][:n] for what in BLEND_ARRAYS)
-                counts = blend_chunk(self.weights, a, counts, idx, sidx)
-                for writer, rows in zip(writers, (idx, sidx)):
-                    writer.write_rows(a, rows)
-                if self.counted is not None:
-                    self.counted(n)
-        finally:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="blend-writes") as pool:
+                # one block in flight: the buffer a block is blended into was written two blocks ago
+                writes = BackgroundWrites(pool, n0 * BLEND_SAMPLE_BYTES)
+                for k, a in enumerate(range(s0, s1, self.block)):
+                    n = min(self.block, s1 - a)
+                    arrays = tuple(buffers[k % 2][what][:n] for what in BLEND_ARRAYS)
+                    counts = blend_chunk(self.weights, a, counts, *arrays)
+                    writes.put(n * BLEND_SAMPLE_BYTES, write, a, arrays)
+                    if self.counted is not None:
+                        self.counted(n)
+                writes.wait()
+        finally:  # after the pool's last write, failed or not
             for writer in writers:
                 writer.close()
         return counts if counts is not None else np.zeros(len(self.weights), dtype=np.int64)
