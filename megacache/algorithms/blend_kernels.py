@@ -146,11 +146,12 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
     Slot state (``c``: float64 count of member k, +inf once exhausted; ``k``; ``rep`` = member
     k) is updated in place.
 
-    A scan never reads what the step before it wrote: a vector load that overlaps a recent
-    scalar store waits until the store is done, which would chain every step's bookkeeping into
-    the next step's scan. So a slot that falls asleep stays in place for one more scan, masked
-    out of it in registers, and is moved out after it; slots due awake are added after a scan,
-    a step ahead (waking early is harmless)."""
+    A vector load that overlaps a recent scalar store waits until that store is done, so stores
+    made after a step's pick would chain its bookkeeping into the next scan. A step's stores into
+    the awake slots therefore come right after its scan loop, before anything waits on the scan's
+    maxima: a slot that falls asleep stays in place, masked out of the next scan in registers, and
+    is moved out after that scan; slots due awake are added then too, a step ahead (waking early
+    is harmless)."""
     G = w.shape[0]
     total = out_idx.shape[0]
     # the awake slots, dense, padded with entries that never win to a whole number of the
