@@ -170,7 +170,7 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
     spread = _SPREAD
     rebuild = 0  # the step of the next rebuild
     # the position of the slot picked last if it sleeps from this step on (-1: none), and its
-    # wake step; its count, member and place change after this step's scan
+    # wake step; its count and place change after this step's scan (its member at the pick)
     p = np.int64(-1)
     px = np.int64(0)
     i = 0
@@ -180,10 +180,7 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
         if i == rebuild:
             # every slot awake or asleep afresh, the level just below the current maximum
             if p >= 0:
-                g = ag[p]
-                k[g] = 0
-                rep[g] = members[off[g]]
-                ac[p] = _raised(ac[p], cap[g])
+                ac[p] = _raised(ac[p], cap[ag[p]])
                 p = -1
             for j in range(na):
                 c[ag[j]] = ac[j]
@@ -230,8 +227,6 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
         moved = np.int64(-1)
         if p >= 0:
             g = ag[p]
-            k[g] = 0
-            rep[g] = members[off[g]]
             c[g] = _raised(ac[p], cap[g])
             na -= 1
             h = ag[na]
@@ -290,24 +285,21 @@ def _wake_kernel(w, c, cap, k, n, off, members, rep, start, out_idx, out_sidx):
         if k[g] + 1 == n[g]:
             # the slot's last member: its count rises, and it sleeps unless its error stays
             # within reach of the level
+            k[g] = 0
             x = _wake_step(w[g], _raised(ac[j], cap[g]), level, s + 1)
             if x > s + 1:
                 p = j
                 px = x
             else:
-                k[g] = 0
                 ac[j] = _raised(ac[j], cap[g])
         else:
             k[g] += 1
+        rep[g] = members[off[g] + k[g]]
         if p != j:
-            rep[g] = members[off[g] + k[g]]
             ab[j] = (rep[g] << 16) | j
         i += 1
     if p >= 0:
-        g = ag[p]
-        k[g] = 0
-        rep[g] = members[off[g]]
-        ac[p] = _raised(ac[p], cap[g])
+        ac[p] = _raised(ac[p], cap[ag[p]])
     for j in range(na):
         c[ag[j]] = ac[j]
 
