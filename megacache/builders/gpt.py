@@ -53,7 +53,7 @@ from ..formats.npy import BackgroundWrites, NpyWriter, load_npy, npy_image, open
 from ..runtime.fsio import Staging, sync_filesystems, write_new_file, writing
 from ..runtime.object_storage import download, is_object_storage, local_copy
 from ..runtime.progress import Progress
-from .scheduling import even_pieces, largest_first
+from .scheduling import even_pieces, largest_first_groups
 
 #: arrays one rank computes whole are built in memory up to this size, else in a memory map
 IN_MEMORY_BYTES = 16 << 20
@@ -356,12 +356,16 @@ class GPTBuild:
                  comm: Comm, tag: str, progress: Progress):
         self.todo = [j for j in tasks if not j.reused]
         self.datasets, self.comm, self.progress = datasets, comm, progress
-        self.owners = largest_first([j.cost for j in self.todo], comm.size)
-        self.mine = [j for j, o in zip(self.todo, self.owners) if o == comm.rank]
         total = sum(j.plan.document_index_length for j in self.todo)
         self.shared = [j for j in self.todo if j.plan.document_index_length * 4 > IN_MEMORY_BYTES
                        or (comm.size > 1 and j.plan.document_index_length > SHARED_FRACTION * total / comm.size)]
         self.shared_ids = {j.index for j in self.shared}
+        # A dataset's own tasks (its splits) go to one rank, which then opens only its own datasets'
+        # indexes; a shared task, which every rank works on, is placed on its own.
+        self.owners = largest_first_groups([j.cost for j in self.todo],
+                                           [(j.index,) if j.index in self.shared_ids else j.data_path
+                                            for j in self.todo], comm.size)
+        self.mine = [j for j, o in zip(self.todo, self.owners) if o == comm.rank]
         self.published = False
         # this rank's tasks' files until they are published
         self.staging = Staging(tag)

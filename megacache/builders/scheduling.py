@@ -32,6 +32,20 @@ def largest_first(costs, ranks: int) -> list[int]:
     return owners
 
 
+def largest_first_groups(costs, groups, ranks: int) -> list[int]:
+    """``largest_first`` over groups of jobs: the jobs that share a group key go to one rank
+    together, the groups in decreasing total cost."""
+    members: dict = {}
+    for job, key in enumerate(groups):
+        members.setdefault(key, []).append(job)
+    owners = [0] * len(costs)
+    lists = list(members.values())
+    for jobs, rank in zip(lists, largest_first([sum(costs[j] for j in jobs) for jobs in lists], ranks)):
+        for job in jobs:
+            owners[job] = rank
+    return owners
+
+
 def even_slice(length: int, rank: int, ranks: int) -> tuple[int, int]:
     """Rank ``rank``'s contiguous share of ``range(length)``."""
     return rank * length // ranks, (rank + 1) * length // ranks
