@@ -27,9 +27,11 @@ run measures and checks, in this order, in one work directory removed at the end
    then removed. Its counts are compared with largest remainder too. No megatron-core run at that
    size: the seed's own figures (``SEED_CLAIMS``) are recorded beside it.
 
-One JSON line per run in ``benchmarks/results/seed.jsonl`` and ``SEED.md`` beside it; ``python -m
-benchmarks.seed report [--results FILE] [--doc docs/benchmarks.md]`` rewrites them (and the seed
-table of that document) from the file alone. ``python -m benchmarks project`` takes the build's
+One JSON line per run in ``benchmarks/results/seed.jsonl`` and ``SEED.md`` beside it: the latest
+run at the largest factor, then the build at each factor run (``growth``: time, the disk's floor,
+CPU, bytes, memory per rank, and their growth with the tokens); ``python -m benchmarks.seed report
+[--results FILE] [--doc docs/benchmarks.md]`` rewrites them (and the seed table of that document)
+from the file alone. ``python -m benchmarks project`` takes the build's
 phases from the latest record at the largest factor.
 """
 
@@ -451,16 +453,53 @@ def table(record: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def growth(records: list[dict]) -> str:
+    """The build at each factor run (the latest record of each) in one table, then how its time,
+    bytes and memory grow from the smallest factor to the largest; empty with fewer than two."""
+    by_factor = {r["factor"]: r for r in records}  # records are in time order: the last one stays
+    if len(by_factor) < 2:
+        return ""
+    rows = ["The build at each factor run, from the latest record of each (the disk's floor and the "
+            "build's ratio to it measured in the same run):", "",
+            "| factor | tokens | documents | train samples | build, P | the disk's floor | CPU, all ranks | "
+            "written | peak RSS per rank | run, commit |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for factor in sorted(by_factor):
+        r = by_factor[factor]
+        p, b = r["params"], r["build"]
+        floor = f"{r['floor_s']:.1f} s ({b['wall_s'] / r['floor_s']:.2f}x)" if r.get("floor_s") else "not measured"
+        rows.append(f"| {factor:g} | {p['tokens']:.2e} | {p['documents']:.2e} | {p['sizes'][0]:.2e} | "
+                    f"{b['wall_s']:.1f} s, {r['ranks']} | {floor} | {sum(b['cpu_s']):.1f} s | "
+                    f"{_written(b) / 1e9:.2f} GB | {_gib(b['rss_kb'])} GiB | {r['time']}, "
+                    f"{(r['machine'].get('git_commit') or '?')[:7]} |")
+    small, large = by_factor[min(by_factor)], by_factor[max(by_factor)]
+    tokens = large["params"]["tokens"] / small["params"]["tokens"]
+    time_ratio = large["build"]["wall_s"] / small["build"]["wall_s"]
+    rows += ["", f"From factor {small['factor']:g} to {large['factor']:g} ({tokens:.1f}x the tokens): time "
+             f"{time_ratio:.1f}x (b = {math.log(time_ratio) / math.log(tokens):.2f} in time = a · tokens^b), bytes "
+             f"written {_written(large['build']) / _written(small['build']):.1f}x, peak RSS per rank "
+             f"{max(large['build']['rss_kb']) / max(small['build']['rss_kb']):.2f}x."]
+    return "\n".join(rows) + "\n"
+
+
+def _written(build: dict) -> int:
+    return sum(x for x in build["write_bytes"] if x is not None)
+
+
 SEED_START, SEED_END = "<!-- seed table: start -->", "<!-- seed table: end -->"
 
 
 def write_report(results: str, doc: str | None = None) -> list[str]:
-    """``SEED.md`` beside ``results`` from its latest record of the largest factor, and the same
-    between the seed markers of ``doc``."""
-    record = latest(load_seed_records(results))
+    """``SEED.md`` beside ``results`` from its latest record of the largest factor and the growth
+    over the factors run, and the same between the seed markers of ``doc``."""
+    records = load_seed_records(results)
+    record = latest(records)
     if record is None:
         raise SystemExit(f"{results}: no seed records; run `python -m benchmarks run --suite seed` first")
     body = table(record)
+    grown = growth(records)
+    if grown:
+        body += "\n" + grown
     path = os.path.join(os.path.dirname(os.path.abspath(results)), "SEED.md")
     with open(path, "w") as f:
         f.write(f"# The seed's case\n\n<!-- written by `python -m benchmarks.seed report` from {shown(results)} "

@@ -140,6 +140,23 @@ def test_floor_files_writes_the_same_names_and_sizes_split_over_the_ranks(tmp_pa
     assert re.fullmatch(r"  phases: write [0-9.]+ s, sync [0-9.]+ s, publish [0-9.]+ s\n", run.stdout), run.stdout
 
 
+def test_the_seed_report_tables_the_build_at_each_factor_run():
+    """The growth table: a row per factor from its latest record, and the growth from the smallest
+    factor to the largest; nothing while one factor has been run."""
+    from benchmarks.seed import SEED_RESULTS, growth, load_seed_records
+
+    records = load_seed_records(SEED_RESULTS)
+    factors = sorted({r["factor"] for r in records})
+    assert len(factors) >= 2, factors
+    text = growth(records)
+    for factor in factors:
+        last = [r for r in records if r["factor"] == factor][-1]
+        (row,) = [line for line in text.splitlines() if line.startswith(f"| {factor:g} | ")]
+        assert f"| {last['build']['wall_s']:.1f} s, {last['ranks']} |" in row and last["time"] in row, row
+    assert f"From factor {factors[0]:g} to {factors[-1]:g} (" in text
+    assert growth([r for r in records if r["factor"] == factors[-1]]) == ""
+
+
 def test_seed_suite_builds_verifies_and_checks_the_seed_case_at_a_tiny_size(tmp_path):
     """``python -m benchmarks run --suite seed-smoke``: the seed's case (documents of 10,000 tokens)
     at 20 datasets, once at P = 2: the disk's own rate, the build, ``megacache verify``, megatron-core's
