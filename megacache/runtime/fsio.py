@@ -569,9 +569,11 @@ def make_directories(path: str) -> None:
     """``path`` and its missing parents made, as ``os.makedirs(path, exist_ok=True)``, for paths that
     another node may make or remove meanwhile: an EEXIST is taken as the directory being there,
     with no stat after it (a client's cached entry can answer EEXIST for a directory that its next
-    stat says is gone, or the reverse). ESTALE, which a client answers for a while after another
-    node replaced a directory on the path, is asked again for up to the stale time. What is not a
-    directory fails the next step inside it."""
+    stat says is gone, or the reverse). For a while after another node removed or replaced a
+    directory on the path, a client that still holds its old entry answers ESTALE, or ENOENT inside
+    a parent that answered EEXIST: both are asked again for up to the stale time (unless a parent
+    is a link to nothing, which no wait mends). What is not a directory fails the next step inside
+    it."""
     deadline = time.monotonic() + stale_s()
     delay = 0.05
     while True:
@@ -579,10 +581,20 @@ def make_directories(path: str) -> None:
             _make_directories(path)
             return
         except OSError as exc:
-            if exc.errno != errno.ESTALE or time.monotonic() > deadline:
+            if not gone(exc) or time.monotonic() > deadline or _dangling_parent(path):
                 raise
         time.sleep(delay)
         delay = min(2 * delay, 1.0)
+
+
+def _dangling_parent(path: str) -> bool:
+    """Whether a directory above ``path`` is a symbolic link to nothing."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while parent != os.path.dirname(parent):
+        if os.path.islink(parent) and not os.path.exists(parent):
+            return True
+        parent = os.path.dirname(parent)
+    return False
 
 
 def _make_directories(path: str) -> None:

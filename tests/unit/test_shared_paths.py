@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import shutil
+import time
 
 import pytest
 
@@ -89,26 +90,42 @@ def test_directories_are_made_with_their_parents_and_eexist_is_taken_as_there(tm
         make_directories(str(tmp_path / "refused"))
 
 
-def test_a_directory_under_one_another_node_replaced_is_made_once_the_client_sees_it(tmp_path, monkeypatch):
-    # ESTALE from a client that still resolves the replaced parent, for a few tries; then made
-    target = str(tmp_path / "state" / "job")
+@pytest.mark.parametrize("error", [errno.ESTALE, errno.ENOENT])
+def test_a_directory_under_one_another_node_replaced_is_made_once_the_client_sees_it(tmp_path, monkeypatch, error):
+    # a client that still resolves the replaced parent, for a few tries, answers ESTALE, or ENOENT
+    # inside the parent whose mkdir answers EEXIST; then the directory is made
+    parent = str(tmp_path / "state")
+    target = os.path.join(parent, "job")
     real = os.mkdir
     tries = []
 
     def mkdir(path, *args, **kwargs):
-        if path == target and len(tries) < 3:
+        if len(tries) < 3 and path in (parent, target):
+            if path == parent:
+                raise FileExistsError(errno.EEXIST, "File exists", path)
             tries.append(path)
-            raise OSError(errno.ESTALE, "Stale file handle", path)
+            raise OSError(error, os.strerror(error), path)
         return real(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "mkdir", mkdir)
     make_directories(target)
     assert len(tries) == 3 and os.path.isdir(target)
-    monkeypatch.setenv("MEGACACHE_STALE_S", "0.2")    # one that stays stale past the stale time
-    tries.clear()
+
+
+def test_a_directory_that_stays_stale_past_the_stale_time_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEGACACHE_STALE_S", "0.2")
     monkeypatch.setattr(os, "mkdir", lambda p, *a: (_ for _ in ()).throw(OSError(errno.ESTALE, "Stale file handle", p)))
     with pytest.raises(OSError, match="Stale file handle"):
         make_directories(str(tmp_path / "never"))
+
+
+def test_a_directory_under_a_link_to_nothing_fails_at_once(tmp_path, monkeypatch):
+    os.symlink(str(tmp_path / "nowhere"), str(tmp_path / "link"))
+    monkeypatch.setenv("MEGACACHE_STALE_S", "60")
+    started = time.monotonic()
+    with pytest.raises(FileNotFoundError):
+        make_directories(str(tmp_path / "link" / "cache"))
+    assert time.monotonic() - started < 5
 
 
 def test_a_lock_is_taken_when_its_create_answers_estale_once(tmp_path, monkeypatch):
