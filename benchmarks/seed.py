@@ -284,7 +284,7 @@ def run(suite_name: str, suite, factor: float, ranks: int, results: str) -> dict
         build = run_program(case.megacache(cache), ranks, work)
         record["build"] = build
         record["outputs"] = describe_outputs(cache)
-        written = sum(b for b in build["write_bytes"] if b is not None)
+        written = _written(build)
         record["floor_s"] = written / rate["bytes_per_s"] if rate and None not in build["write_bytes"] else None
         _log(f"build at P = {ranks}: {build['wall_s']:.2f} s, RSS {_gib(build['rss_kb'])} GiB per rank, "
              f"{written / 1e9:.2f} GB written ({record['outputs']['files']:,} files, "
@@ -401,7 +401,7 @@ def table(record: dict) -> str:
     """The run as markdown: its size, then one row per measurement."""
     p, b = record["params"], record["build"]
     out, disk, members = record["outputs"], record["disk"], record["members"]
-    written = sum(x for x in b["write_bytes"] if x is not None)
+    written = _written(b)
     blend = record["blend_alone"]
     lr = blend["vs_largest_remainder"]
     ranks = record["ranks"]
