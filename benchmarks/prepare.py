@@ -94,7 +94,7 @@ def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks:
     more is measured (``suite._release`` says why)."""
     from megacache.megatron.sequences import FILE_NAME
 
-    from .suite import warm_up
+    from .suite import check_space, warm_up
     from .workloads import SUITES, WORKLOADS as CASES
 
     machine = machine_info()
@@ -119,11 +119,14 @@ def measure(name: str, factor: float, trees: dict[str, str], python: str, ranks:
                     [CPU_RUNNER, os.path.join(tree, "tools", "prepare_cache.py"), *command, "--data-cache-path",
                      theirs, "--num-dataset-builder-threads", str(threads)], None, work, phases=False,
                     python=python, env={**env, "PYTHONPATH": tree}, durable=True))
+                if outputs is None:
+                    outputs = describe_outputs(theirs)
+                    # every run's outputs stay until the end: fail now if the rest will not fit
+                    check_space(work, outputs, 2 * repeats * len(trees) - 1)
                 runs[version]["megacache"].append(run_program(
                     megacache_build(command, version, mine),
                     ranks, work, durable=True))
                 compared[version] += same_outputs(mine, theirs, extra=(FILE_NAME,))
-                outputs = outputs or describe_outputs(theirs)
                 said = {side: r[-1]["wall_s"] for side, r in runs[version].items()}
                 print(f"{name} factor {factor:g}, repeat {rep + 1}, {version}: prepare_cache.py "
                       f"{said['reference']:.2f} s, megacache P={ranks} {said['megacache']:.2f} s", flush=True)

@@ -113,7 +113,9 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
             reference.append(run_program(case.reference(theirs), None, work))
             if outputs is None:  # the same files every repeat
                 outputs = describe_outputs(theirs)
-                check_space(work, outputs, (repeats - 1) * (1 + len(ranks)) + len(ranks))
+                # outputs of many files are kept until the workload ends (_release), the others one at a time
+                left = (repeats - 1) * (1 + len(ranks)) + len(ranks)
+                check_space(work, outputs, left if outputs["files"] >= MANY_FILES else 1)
             _progress(rep, "reference", reference[-1])
             for p in ranks:
                 mine = os.path.join(work, f"megacache-out-{rep}-{p}")
@@ -138,11 +140,11 @@ def measure(name: str, suite: Suite, factor: float, ranks: list[int], repeats: i
             "megacache": {str(p): {"runs": ours[p], "median": rows[p]} for p in ranks}}
 
 
-def check_space(work: str, outputs: dict, outputs_left: int) -> None:
-    """Fail now, not minutes into a later run, when the outputs still to come will not fit: those
-    of many files are kept until the workload ends (see ``_release``)."""
+def check_space(work: str, outputs: dict, kept: int) -> None:
+    """Fail now, not minutes into a later run, when the ``kept`` outputs still to come, each the
+    size of ``outputs``, will not fit beside one another."""
     size = outputs["bytes"]
-    need = size * (outputs_left if outputs["files"] >= MANY_FILES else 1)
+    need = size * kept
     free = shutil.disk_usage(work).free
     if need > 0.95 * free:
         raise BenchmarkFailure(

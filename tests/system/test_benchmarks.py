@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import os
+import shutil
 import subprocess
 import sys
 
@@ -326,6 +327,21 @@ def test_prepare_says_how_to_mend_a_helpers_build_that_lacks_pybind11(tmp_path, 
                             f"with: {sys.executable} -m pip install pybind11"), message
     (datasets / "Makefile").write_text("default:\n\ttrue\n")
     build_helpers(str(tmp_path), sys.executable)
+
+
+def test_a_measurement_whose_kept_outputs_will_not_fit_fails_before_its_next_run(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(REPO)
+    from benchmarks.harness import BenchmarkFailure
+    from benchmarks.suite import check_space
+
+    half = shutil.disk_usage(tmp_path).free // 2
+    check_space(str(tmp_path), {"files": 12009, "bytes": half}, 1)
+    with pytest.raises(BenchmarkFailure) as raised:
+        check_space(str(tmp_path), {"files": 12009, "bytes": half}, 2)
+    message = str(raised.value)
+    assert message.startswith(f"the runs still to come need {2 * half / 2**30:.1f} GiB for their outputs "
+                              f"({half / 2**30:.1f} GiB each), and {tmp_path}'s filesystem has "), message
+    assert message.endswith("free some space, run fewer repeats or ranks, or point TMPDIR at a larger filesystem")
 
 
 def test_quiet_filesystem_waits_while_creating_a_file_costs_more_than_at_rest(tmp_path, monkeypatch, capsys):
