@@ -145,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             suite.run(args.suite, chosen, factors, args.ranks or list(chosen.ranks), repeats,
                       args.only or list(chosen.workloads or WORKLOADS), results)
-            written = (report.write_scale_report(results) if len(factors) > 1
+            # a scale suite's file holds sizes, whatever this run added: TABLE.md is the other suites'
+            written = (report.write_scale_report(results) if chosen.factors or len(factors) > 1
                        else report.write_report(results, suite=args.suite))
             print(f"suite {args.suite} done in {time.perf_counter() - t:.0f} s; results appended to {shown(results)}; "
                   f"wrote {', '.join(written)}")

@@ -102,6 +102,17 @@ def test_sizes_measured_in_one_run_give_the_scale_report(tmp_path):
     text = doc.read_text()
     assert text.startswith("a\n<!-- scale table: start -->") and text.endswith("<!-- scale table: end -->\nb\n")
     assert "old" not in text and "Growth from factor 0.0002 to 0.001" in text
+    # the scale suite run again at one of its sizes: SCALE.md from the file's latest record of each
+    # size, and neither TABLE.md nor the plots, which are the other suites' (from suite.jsonl)
+    again = subprocess.run([sys.executable, "-m", "benchmarks", "run", "--suite", "scale", "--factor", "0.0002",
+                            "--results", results], cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    latest = json.loads(open(results).readlines()[-1])
+    assert (latest["suite"], latest["factor"]) == ("scale", 0.0002)
+    wall = latest["megacache"]["2"]["median"]["wall_s"]
+    scale = open(tmp_path / "SCALE.md").read()
+    assert re.search(rf"\| 0.0002 \| {latest['params']['datasets']:,} \| .* \| {wall:.1f} s \(", scale), scale
+    assert sorted(os.listdir(tmp_path)) == ["SCALE.md", "benchmarks.md", "scale.jsonl"]
 
 
 def test_floor_times_the_build_beside_its_start_up_and_its_files_alone(tmp_path):
